@@ -1,0 +1,58 @@
+// The job spec (trainstep.v1.JobSpec): the one place that parses it from JSON, validates it
+// and fills in its defaults. Every other module reads only resolved specs, so defaults and
+// rules live here and nowhere else. Pure functions: no files, no clock, thread-safe.
+#ifndef TRAINSTEP_COMMON_SPEC_H_
+#define TRAINSTEP_COMMON_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "trainstep/v1/spec.pb.h"
+
+namespace trainstep {
+
+// Parses protobuf JSON. Field names as in the .proto ("micro_batch_size"); lowerCamelCase is
+// accepted too, as protobuf does. A leading UTF-8 byte-order mark is ignored.
+// Errors are INVALID_ARGUMENT and name the field path, e.g.
+//   workers.cont: unknown field; workers accepts: count
+//   precision: "fp8" is not one of fp32, bf16, fp16
+//   batch.micro_batch_size: expected an integer, got 4.5
+//   spec is not valid JSON at line 3, column 21: Unexpected token.
+// Parsing does not validate values: an unknown enum number or a NaN parses, and is
+// rejected by ResolveJobSpec.
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
+
+// Validates every field and returns a copy with every default filled in: every `optional`
+// field set (except clip.max_grad_norm, stop.max_updates, and stop.epochs when max_updates is
+// set: there "unset" means "no limit"), every enum not *_UNSPECIFIED, every oneof chosen,
+// every sub-message present. The first broken rule, in the order of the fields in
+// spec.proto, is returned as INVALID_ARGUMENT "<field.path> <rule>, got <value>", e.g.
+// "batch.accumulation_steps must be ≥ 1, got 0". Idempotent: resolving a resolved spec
+// returns it unchanged. Checks no files: paths are the worker's business.
+absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
+
+// ParseJobSpecJson, then ResolveJobSpec.
+absl::StatusOr<v1::JobSpec> ParseAndResolveJobSpec(std::string_view json);
+
+// Protobuf JSON with the .proto field names and every field with a value or a default
+// shown (64-bit integers are strings, as protobuf's mapping says). `pretty` indents.
+// ParseJobSpecJson reads it back to an equal message.
+std::string JobSpecToJson(const v1::JobSpec& spec, bool pretty = false);
+
+// 16 lowercase hex digits: FNV-1a 64 of the deterministic binary serialization. Stable
+// across processes and machines; meant for resolved specs (checkpoints' meta.json), so
+// that two specs that mean the same job hash the same.
+std::string JobSpecHash(const v1::JobSpec& resolved);
+
+// Samples per optimizer update over all ranks: micro_batch_size × accumulation_steps ×
+// workers.count.
+int64_t GlobalBatchSamples(const v1::JobSpec& resolved);
+
+// True when the data is token-level (data.text or data.jsonl): losses normalise by tokens.
+bool IsTokenLevel(const v1::JobSpec& resolved);
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_COMMON_SPEC_H_

@@ -1,0 +1,539 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace trainstep {
+namespace {
+
+constexpr size_t kWatchBatchLimit = 1000;
+// The driver wakes at least this often to drop abandoned waiters and snapshot.
+constexpr absl::Duration kMaxTickInterval = absl::Seconds(1);
+
+template <typename T>
+Answer<T> Ready(T value) {
+  Answer<T> a;
+  a.ready = true;
+  a.response = std::move(value);
+  return a;
+}
+
+absl::Status ShuttingDown() {
+  return absl::UnavailableError("the coordinator is shutting down; retry against its successor");
+}
+
+}  // namespace
+
+// --- Lifecycle ---
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)), registry_(options_.machine) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options) {
+  std::unique_ptr<Coordinator> c(new Coordinator(std::move(options)));
+  JournalOptions jopts;
+  CoordinatorMetrics* metrics = c->options_.metrics;
+  if (metrics != nullptr) jopts.on_fsync = [metrics](double s) { metrics->OnJournalFsync(s); };
+  RecoveredJournal recovered;
+  ASSIGN_OR_RETURN(c->journal_, Journal::Open(c->options_.env, c->options_.state_dir, jopts,
+                                              &recovered));
+  c->recovery_warnings_ = recovered.warnings;
+  const absl::Time now = c->options_.clock->Now();
+  {
+    absl::MutexLock lock(&c->mu_);
+    if (recovered.snapshot.has_value()) {
+      v1::CoordinatorSnapshot snapshot;
+      if (!snapshot.ParseFromString(*recovered.snapshot)) {
+        return absl::DataLossError(absl::StrCat("the newest snapshot in ", c->options_.state_dir,
+                                                " passed its checksum but is not a snapshot"));
+      }
+      c->registry_.Restore(snapshot, now);
+    }
+    for (size_t i = 0; i < recovered.records.size(); ++i) {
+      v1::JournalRecord record;
+      if (!record.ParseFromString(recovered.records[i])) {
+        return absl::DataLossError(absl::StrCat("journal record ", i + 1, " in ",
+                                                c->options_.state_dir,
+                                                " passed its checksum but is not a record"));
+      }
+      c->registry_.Apply(record);
+    }
+    c->registry_.RenewAllLeases(now);
+    if (metrics != nullptr) {
+      metrics->OnJobStates(c->registry_.List());
+      for (const v1::Job& job : c->registry_.List()) {
+        metrics->OnWorkers(job.job_id(), c->registry_.ListWorkers(job.job_id()));
+      }
+    }
+  }
+  c->syncer_ = std::thread([raw = c.get()] { raw->SyncerLoop(); });
+  return c;
+}
+
+Coordinator::~Coordinator() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&sync_mu_);
+    stop_syncer_ = true;
+  }
+  if (syncer_.joinable()) syncer_.join();
+}
+
+void Coordinator::Shutdown() {
+  std::vector<Completion> completions;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (Waiter& w : waiters_) {
+      std::optional<Completion> c = w.poll(absl::InfiniteFuture());  // answers UNAVAILABLE
+      if (c.has_value()) completions.push_back(std::move(*c));
+    }
+    waiters_.clear();
+    seq = journal_->last_appended();
+  }
+  Deliver(seq, std::move(completions));
+}
+
+bool Coordinator::healthy() const { return !journal_failed_.load(); }
+
+// --- The call path ---
+
+template <typename Resp>
+Coordinator::Completion Coordinator::Complete(absl::StatusOr<Answer<Resp>> answer,
+                                              Done<Resp> done) {
+  return Completion([answer = std::move(answer),
+                     done = std::move(done)](const absl::Status& durability) mutable {
+    if (!durability.ok()) {
+      done(absl::UnavailableError(absl::StrCat(
+          "the coordinator cannot persist its state and is stopping: ", durability.message())));
+      return;
+    }
+    if (!answer.ok()) {
+      done(answer.status());
+      return;
+    }
+    done(std::move(answer->response));
+  });
+}
+
+template <typename Resp>
+void Coordinator::Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> done,
+                      std::shared_ptr<CallHandle> handle) {
+  std::vector<Completion> completions;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      completions.push_back(Complete<Resp>(ShuttingDown(), std::move(done)));
+    } else {
+      const absl::Time now = options_.clock->Now();
+      // After Shutdown, a waiter is polled once more with an infinite `now`: it answers UNAVAILABLE.
+      auto waiter_poll = [poll = std::move(poll),
+                          done = std::move(done)](absl::Time at) -> std::optional<Completion> {
+        if (at == absl::InfiniteFuture()) return Complete<Resp>(ShuttingDown(), done);
+        absl::StatusOr<Answer<Resp>> answer = poll(at);
+        if (answer.ok() && !answer->ready) return std::nullopt;
+        return Complete<Resp>(std::move(answer), done);
+      };
+      std::optional<Completion> first = waiter_poll(now);
+      if (first.has_value()) {
+        completions.push_back(std::move(*first));
+      } else {
+        waiters_.push_back(Waiter{job_id, handle, std::move(waiter_poll)});
+      }
+      seq = CommitLocked(now, &completions);
+    }
+  }
+  Deliver(seq, std::move(completions));
+}
+
+uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out) {
+  // Re-polling may itself change a machine (an empty window ends at its barrier), so
+  // repeat until nothing moves; each round ends at least one waiter or changes nothing.
+  for (int round = 0; round < 8; ++round) {
+    bool job_states_changed = false;
+    for (v1::JournalRecord& record : registry_.TakeRecords()) {
+      journal_->Append(record.SerializeAsString());
+      if (record.has_generation_formed()) {
+        const v1::GenerationFormed& f = record.generation_formed();
+        StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
+      }
+      job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
+                            record.has_generation_formed();
+      if (options_.metrics != nullptr) {
+        const std::string job_id = JobIdOf(record);
+        absl::StatusOr<v1::Job> job = registry_.Get(job_id);
+        if (job.ok()) options_.metrics->OnRecord(record, *job);
+        if (record.has_worker_registered() || record.has_worker_lost() ||
+            record.has_generation_formed() || record.has_dataset_accepted()) {
+          options_.metrics->OnWorkers(job_id, registry_.ListWorkers(job_id));
+        }
+      }
+    }
+    if (job_states_changed && options_.metrics != nullptr) {
+      options_.metrics->OnJobStates(registry_.List());
+    }
+    std::set<std::string> waiting_jobs;
+    for (const Waiter& w : waiters_) waiting_jobs.insert(w.job_id);
+    bool moved = false;
+    for (const std::string& job_id : waiting_jobs) {
+      absl::StatusOr<StepMachine*> m = registry_.Machine(job_id);
+      const uint64_t version = (m.ok() ? (*m)->version() : 0) * 1'000'003 + StoreOf(job_id).version();
+      uint64_t& seen = seen_versions_[job_id];
+      if (version == seen) continue;
+      seen = version;
+      moved = true;
+      RepollLocked(job_id, now, out);
+    }
+    if (!moved) break;
+  }
+  return journal_->last_appended();
+}
+
+void Coordinator::RepollLocked(const std::string& job_id, absl::Time now,
+                               std::vector<Completion>* out) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->handle != nullptr && it->handle->claimed()) {
+      it = waiters_.erase(it);  // the RPC ended (cancelled, deadline)
+      continue;
+    }
+    if (it->job_id != job_id) {
+      ++it;
+      continue;
+    }
+    std::optional<Completion> c = it->poll(now);
+    if (c.has_value()) {
+      out->push_back(std::move(*c));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Coordinator::Deliver(uint64_t seq, std::vector<Completion> completions) {
+  if (completions.empty()) return;
+  if (journal_failed_.load()) {
+    for (Completion& c : completions) c(journal_status_);
+    return;
+  }
+  if (seq <= durable_seq_.load()) {
+    for (Completion& c : completions) c(absl::OkStatus());
+    return;
+  }
+  absl::MutexLock lock(&sync_mu_);
+  to_sync_.emplace_back(seq, std::move(completions));
+}
+
+void Coordinator::SyncerLoop() {
+  while (true) {
+    std::deque<std::pair<uint64_t, std::vector<Completion>>> batch;
+    {
+      absl::MutexLock lock(&sync_mu_);
+      sync_mu_.Await(absl::Condition(
+          +[](Coordinator* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->sync_mu_) {
+            return !c->to_sync_.empty() || c->stop_syncer_;
+          },
+          this));
+      if (to_sync_.empty()) return;  // stopping, and nothing left to flush
+      batch.swap(to_sync_);
+    }
+    uint64_t max_seq = 0;
+    for (const auto& [seq, completions] : batch) max_seq = std::max(max_seq, seq);
+    absl::Status status = journal_failed_.load() ? journal_status_ : journal_->Sync(max_seq);
+    if (status.ok()) {
+      uint64_t prev = durable_seq_.load();
+      while (prev < max_seq && !durable_seq_.compare_exchange_weak(prev, max_seq)) {
+      }
+    } else if (!journal_failed_.load()) {
+      journal_status_ = status;
+      journal_failed_.store(true);
+    }
+    for (auto& [seq, completions] : batch) {
+      for (Completion& c : completions) c(status);
+    }
+  }
+}
+
+KvStore& Coordinator::StoreOf(const std::string& job_id) { return stores_[job_id]; }
+
+absl::Time Coordinator::Tick() {
+  std::vector<Completion> completions;
+  uint64_t seq = 0;
+  absl::Time next;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    next = now + kMaxTickInterval;
+    if (shutting_down_) return next;
+    registry_.Tick(now);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
+    }
+    seq = CommitLocked(now, &completions);
+    if (!journal_failed_.load() &&
+        journal_->records_since_snapshot() >= options_.snapshot_every_records) {
+      absl::Status s = journal_->WriteSnapshot(registry_.Snapshot().SerializeAsString());
+      if (!s.ok() && !journal_failed_.load()) {
+        // A failed snapshot leaves the log intact; only a broken journal stops us (next Sync).
+        recovery_warnings_.push_back(absl::StrCat("snapshot failed: ", s.message()));
+      }
+    }
+    std::optional<absl::Time> deadline = registry_.NextDeadline();
+    if (deadline.has_value()) next = std::min(next, *deadline);
+  }
+  Deliver(seq, std::move(completions));
+  return next;
+}
+
+// --- JobService ---
+
+void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done) {
+  Run<v1::Job>("", [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+    ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now));
+    return Ready(std::move(job));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
+  Run<v1::Job>("", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::Job>> {
+    ASSIGN_OR_RETURN(v1::Job job, registry_.Get(req.job_id()));
+    return Ready(std::move(job));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::ListJobs(Done<v1::ListJobsResponse> done) {
+  Run<v1::ListJobsResponse>("", [this](absl::Time) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
+    v1::ListJobsResponse resp;
+    for (v1::Job& j : registry_.List()) *resp.add_jobs() = std::move(j);
+    return Ready(std::move(resp));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done) {
+  Run<v1::Job>(req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+    ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req.job_id(), now));
+    return Ready(std::move(job));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::ListUpdates(const v1::ListUpdatesRequest& req,
+                              Done<v1::ListUpdatesResponse> done) {
+  Run<v1::ListUpdatesResponse>(
+      "", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListUpdatesResponse>> {
+        ASSIGN_OR_RETURN(v1::ListUpdatesResponse resp, registry_.ListUpdates(req));
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::ListWorkers(const v1::ListWorkersRequest& req,
+                              Done<v1::ListWorkersResponse> done) {
+  Run<v1::ListWorkersResponse>(
+      "", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
+        if (!req.job_id().empty()) RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        v1::ListWorkersResponse resp;
+        for (v1::WorkerInfo& w : registry_.ListWorkers(req.job_id())) {
+          *resp.add_workers() = std::move(w);
+        }
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
+                           Done<WatchBatch> done, std::shared_ptr<CallHandle> handle) {
+  Run<WatchBatch>(job_id, [this, job_id, cursor](absl::Time) -> absl::StatusOr<Answer<WatchBatch>> {
+    ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(job_id));
+    WatchBatch b;
+    b.cursor = cursor;
+    v1::Job job = m->Job();
+    std::string serialized = job.SerializeAsString();
+    if (serialized != cursor.last_job_state) {
+      b.job = std::move(job);
+      b.cursor.last_job_state = std::move(serialized);
+    }
+    const std::vector<v1::UpdateRecord>& updates = m->updates();
+    const size_t end = std::min(updates.size(), cursor.next_update + kWatchBatchLimit);
+    for (size_t i = cursor.next_update; i < end; ++i) b.updates.push_back(updates[i]);
+    b.cursor.next_update = std::max(cursor.next_update, end);
+    b.end = m->terminal() && b.cursor.next_update >= updates.size();
+    Answer<WatchBatch> a;
+    a.ready = b.job.has_value() || !b.updates.empty() || b.end;
+    a.response = std::move(b);
+    return a;
+  }, std::move(done), std::move(handle));
+}
+
+// --- WorkerService ---
+
+void Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req,
+                                 Done<v1::RegisterWorkerResponse> done) {
+  Run<v1::RegisterWorkerResponse>(
+      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::RegisterWorkerResponse>> {
+        ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp, registry_.RegisterWorker(req, now));
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatResponse> done) {
+  Run<v1::HeartbeatResponse>(
+      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, m->Heartbeat(req, now));
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::BeginWindow(const v1::BeginWindowRequest& req,
+                              Done<v1::BeginWindowResponse> done,
+                              std::shared_ptr<CallHandle> handle) {
+  const absl::Time arrived = options_.clock->Now();
+  Run<v1::BeginWindowResponse>(
+      req.job_id(),
+      [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::BeginWindowResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        absl::StatusOr<Answer<v1::BeginWindowResponse>> a = m->BeginWindow(req, now);
+        if (options_.metrics != nullptr) {
+          if (!a.ok()) {
+            options_.metrics->OnRejected("BeginWindow", absl::StatusCodeToString(a.status().code()));
+          } else if (a->ready) {
+            options_.metrics->OnBarrierWait("begin", absl::ToDoubleSeconds(now - arrived));
+          }
+        }
+        return a;
+      }, std::move(done), std::move(handle));
+}
+
+void Coordinator::CompleteWindow(const v1::CompleteWindowRequest& req,
+                                 Done<v1::CompleteWindowResponse> done,
+                                 std::shared_ptr<CallHandle> handle) {
+  const absl::Time arrived = options_.clock->Now();
+  Run<v1::CompleteWindowResponse>(
+      req.job_id(),
+      [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::CompleteWindowResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        absl::StatusOr<Answer<v1::CompleteWindowResponse>> a = m->CompleteWindow(req, now);
+        if (options_.metrics != nullptr) {
+          if (!a.ok()) {
+            options_.metrics->OnRejected("CompleteWindow",
+                                         absl::StatusCodeToString(a.status().code()));
+          } else if (a->ready) {
+            options_.metrics->OnBarrierWait("complete", absl::ToDoubleSeconds(now - arrived));
+          }
+        }
+        return a;
+      }, std::move(done), std::move(handle));
+}
+
+void Coordinator::AckCheckpoint(const v1::AckCheckpointRequest& req,
+                                Done<v1::AckCheckpointResponse> done) {
+  Run<v1::AckCheckpointResponse>(
+      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::AckCheckpointResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        RETURN_IF_ERROR(m->AckCheckpoint(req, now));
+        return Ready(v1::AckCheckpointResponse());
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::ReportFailure(const v1::ReportFailureRequest& req,
+                                Done<v1::ReportFailureResponse> done) {
+  Run<v1::ReportFailureResponse>(
+      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportFailureResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        RETURN_IF_ERROR(m->ReportFailure(req, now));
+        return Ready(v1::ReportFailureResponse());
+      }, std::move(done), nullptr);
+}
+
+// --- Store ---
+
+void Coordinator::StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done) {
+  Run<v1::StoreSetResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreSetResponse>> {
+    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+    StoreOf(req.job_id()).Set(req.key(), req.value());
+    return Ready(v1::StoreSetResponse());
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
+                           std::shared_ptr<CallHandle> handle) {
+  Run<v1::StoreGetResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
+    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+    Answer<v1::StoreGetResponse> a;
+    std::optional<std::string> value = StoreOf(req.job_id()).Get(req.key());
+    if (value.has_value()) {
+      a.ready = true;
+      a.response.set_value(std::move(*value));
+    }
+    return a;
+  }, std::move(done), std::move(handle));
+}
+
+void Coordinator::StoreAdd(const v1::StoreAddRequest& req, Done<v1::StoreAddResponse> done) {
+  Run<v1::StoreAddResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreAddResponse>> {
+    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+    ASSIGN_OR_RETURN(int64_t value, StoreOf(req.job_id()).Add(req.key(), req.delta()));
+    v1::StoreAddResponse resp;
+    resp.set_value(value);
+    return Ready(std::move(resp));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::StoreCompareSet(const v1::StoreCompareSetRequest& req,
+                                  Done<v1::StoreCompareSetResponse> done) {
+  Run<v1::StoreCompareSetResponse>(
+      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCompareSetResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        v1::StoreCompareSetResponse resp;
+        resp.set_value(StoreOf(req.job_id()).CompareSet(req.key(), req.expected(), req.desired()));
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::StoreCheck(const v1::StoreCheckRequest& req, Done<v1::StoreCheckResponse> done) {
+  Run<v1::StoreCheckResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCheckResponse>> {
+    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+    v1::StoreCheckResponse resp;
+    resp.set_all_present(
+        StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()}));
+    return Ready(std::move(resp));
+  }, std::move(done), nullptr);
+}
+
+void Coordinator::StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitResponse> done,
+                            std::shared_ptr<CallHandle> handle) {
+  Run<v1::StoreWaitResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
+    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+    Answer<v1::StoreWaitResponse> a;
+    a.ready = StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()});
+    return a;
+  }, std::move(done), std::move(handle));
+}
+
+void Coordinator::StoreDeleteKey(const v1::StoreDeleteKeyRequest& req,
+                                 Done<v1::StoreDeleteKeyResponse> done) {
+  Run<v1::StoreDeleteKeyResponse>(
+      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreDeleteKeyResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        v1::StoreDeleteKeyResponse resp;
+        resp.set_deleted(StoreOf(req.job_id()).Delete(req.key()));
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+void Coordinator::StoreNumKeys(const v1::StoreNumKeysRequest& req,
+                               Done<v1::StoreNumKeysResponse> done) {
+  Run<v1::StoreNumKeysResponse>(
+      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreNumKeysResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        v1::StoreNumKeysResponse resp;
+        resp.set_num_keys(StoreOf(req.job_id()).size());
+        return Ready(std::move(resp));
+      }, std::move(done), nullptr);
+}
+
+}  // namespace trainstep

@@ -1,0 +1,181 @@
+// Coordinator: the thread-safe shell around the pure JobRegistry. It serialises calls
+// under one lock, journals every record the machines produce, and answers a call only
+// once the state it reveals is durable (group commit on a dedicated syncer thread, so
+// no RPC thread blocks on fsync). Calls that wait on a barrier or a store key are kept
+// as pollers and asked again whenever their job changes.
+//
+// The gRPC services (worker_service.h, job_service.h) are thin adapters over this class;
+// the tests drive it directly with a FakeClock.
+#ifndef TRAINSTEP_COORDINATOR_COORDINATOR_H_
+#define TRAINSTEP_COORDINATOR_COORDINATOR_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "coordinator/job_registry.h"
+#include "coordinator/journal.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/metrics.h"
+
+namespace trainstep {
+
+template <typename T>
+using Done = std::function<void(absl::StatusOr<T>)>;
+
+// Shared by an RPC and the coordinator. Whoever claims it first answers the call: the
+// coordinator's answer or the RPC layer's cancellation (deadline, client gone). A claimed
+// handle tells the coordinator to stop polling the call.
+class CallHandle {
+ public:
+  bool Claim() { return !claimed_.exchange(true); }
+  bool claimed() const { return claimed_.load(); }
+
+ private:
+  std::atomic<bool> claimed_{false};
+};
+
+// What a WatchJob stream has seen so far.
+struct WatchCursor {
+  size_t next_update = 0;      // index into the job's per-update log
+  std::string last_job_state;  // serialized Job last sent (state + progress), "" = none
+};
+
+struct WatchBatch {
+  std::optional<v1::Job> job;  // set when the job changed since the cursor
+  std::vector<v1::UpdateRecord> updates;
+  WatchCursor cursor;          // to pass to the next WatchJob call
+  bool end = false;            // the job ended and everything was sent
+};
+
+struct CoordinatorOptions {
+  std::string state_dir;  // the journal's directory
+  MachineOptions machine;
+  uint64_t snapshot_every_records = 10000;
+  Clock* clock = RealClock::Get();
+  Env* env = Env::Default();
+  CoordinatorMetrics* metrics = nullptr;  // may be null
+};
+
+class Coordinator {
+ public:
+  // Opens (or creates) the journal in options.state_dir and replays it.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(CoordinatorOptions options);
+  ~Coordinator();
+
+  const std::vector<std::string>& recovery_warnings() const { return recovery_warnings_; }
+
+  // --- JobService ---
+  void SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done);
+  void GetJob(const v1::GetJobRequest& req, Done<v1::Job> done);
+  void ListJobs(Done<v1::ListJobsResponse> done);
+  void CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done);
+  void ListUpdates(const v1::ListUpdatesRequest& req, Done<v1::ListUpdatesResponse> done);
+  void ListWorkers(const v1::ListWorkersRequest& req, Done<v1::ListWorkersResponse> done);
+  // Answers as soon as there is something new after `cursor` (or the job ended).
+  void WatchJob(const std::string& job_id, const WatchCursor& cursor, Done<WatchBatch> done,
+                std::shared_ptr<CallHandle> handle);
+
+  // --- WorkerService ---
+  void RegisterWorker(const v1::RegisterWorkerRequest& req, Done<v1::RegisterWorkerResponse> done);
+  void Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatResponse> done);
+  void BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginWindowResponse> done,
+                   std::shared_ptr<CallHandle> handle);
+  void CompleteWindow(const v1::CompleteWindowRequest& req, Done<v1::CompleteWindowResponse> done,
+                      std::shared_ptr<CallHandle> handle);
+  void AckCheckpoint(const v1::AckCheckpointRequest& req, Done<v1::AckCheckpointResponse> done);
+  void ReportFailure(const v1::ReportFailureRequest& req, Done<v1::ReportFailureResponse> done);
+
+  void StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done);
+  void StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
+                std::shared_ptr<CallHandle> handle);
+  void StoreAdd(const v1::StoreAddRequest& req, Done<v1::StoreAddResponse> done);
+  void StoreCompareSet(const v1::StoreCompareSetRequest& req,
+                       Done<v1::StoreCompareSetResponse> done);
+  void StoreCheck(const v1::StoreCheckRequest& req, Done<v1::StoreCheckResponse> done);
+  void StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitResponse> done,
+                 std::shared_ptr<CallHandle> handle);
+  void StoreDeleteKey(const v1::StoreDeleteKeyRequest& req, Done<v1::StoreDeleteKeyResponse> done);
+  void StoreNumKeys(const v1::StoreNumKeysRequest& req, Done<v1::StoreNumKeysResponse> done);
+
+  // --- Driver ---
+  // Expires leases, drops abandoned waiters, snapshots the journal when due. Returns the
+  // time it next needs to run.
+  absl::Time Tick();
+  // Every waiting call and every later call is answered UNAVAILABLE; the journal is
+  // flushed. Idempotent.
+  void Shutdown();
+  // False once the journal failed: the process must stop (nothing more can be made durable).
+  bool healthy() const;
+
+ private:
+  // Runs under mu_: the machine call. Returns a ready answer or "ask again later".
+  template <typename Resp>
+  using Poll = std::function<absl::StatusOr<Answer<Resp>>(absl::Time now)>;
+  // A call's answer, to deliver once the state it reveals is durable.
+  using Completion = std::function<void(const absl::Status& durability)>;
+
+  struct Waiter {
+    std::string job_id;
+    std::shared_ptr<CallHandle> handle;
+    // Re-runs the call; returns the completion if it is now answered.
+    std::function<std::optional<Completion>(absl::Time now)> poll;
+  };
+
+  explicit Coordinator(CoordinatorOptions options);
+
+  // The one path every call takes: poll under the lock, keep it waiting if not ready,
+  // journal what changed, re-poll the job's other waiters, deliver after sync.
+  template <typename Resp>
+  void Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> done,
+           std::shared_ptr<CallHandle> handle);
+  // The RPC layer claims the call inside `done`; the core only uses handles to drop
+  // waiters whose call was abandoned.
+  template <typename Resp>
+  static Completion Complete(absl::StatusOr<Answer<Resp>> answer, Done<Resp> done);
+  // Journals the registry's new records and re-polls affected waiters into `out`.
+  // Returns the sequence number the answers must wait for.
+  uint64_t CommitLocked(absl::Time now, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RepollLocked(const std::string& job_id, absl::Time now, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Delivers after the journal holds `seq` (inline when it already does).
+  void Deliver(uint64_t seq, std::vector<Completion> completions);
+  void SyncerLoop();
+  KvStore& StoreOf(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CoordinatorOptions options_;
+  std::unique_ptr<Journal> journal_;
+  std::vector<std::string> recovery_warnings_;
+
+  mutable absl::Mutex mu_;
+  JobRegistry registry_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, KvStore> stores_ ABSL_GUARDED_BY(mu_);
+  std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> seen_versions_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The syncer: completions waiting for their records to be fsynced.
+  absl::Mutex sync_mu_;
+  std::deque<std::pair<uint64_t, std::vector<Completion>>> to_sync_ ABSL_GUARDED_BY(sync_mu_);
+  bool stop_syncer_ ABSL_GUARDED_BY(sync_mu_) = false;
+  std::atomic<uint64_t> durable_seq_{0};
+  std::atomic<bool> journal_failed_{false};
+  absl::Status journal_status_;  // set once, before journal_failed_
+  std::thread syncer_;
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_COORDINATOR_COORDINATOR_H_

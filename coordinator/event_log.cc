@@ -1,0 +1,59 @@
+#include "coordinator/event_log.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "common/proto_json.h"
+
+namespace trainstep {
+
+void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
+  switch (record.kind_case()) {
+    case v1::JournalRecord::kWindowEnded: {
+      const v1::UpdateRecord& r = record.window_ended().decision().record();
+      std::string text = absl::StrFormat(
+          "%s window %d gen %d: %s%s%s update=%d loss=%.5g lr=%.4g scale=%g norm=%.4g->%.4g "
+          "tokens=%d",
+          job.job_id(), r.window_id(), r.generation(), r.outcome(), r.reason().empty() ? "" : " ",
+          r.reason(), r.optimizer_update_id(), r.loss(), r.learning_rate(), r.loss_scale(),
+          r.grad_norm_pre_clip(), r.grad_norm_post_clip(), r.global_valid_tokens());
+      std::string json = ToJson(r);
+      json.insert(1, absl::StrCat("\"event\":\"window_ended\",\"training_job\":",
+                                  JsonQuote(job.job_id()), ","));
+      LogEvent(text, json);
+      break;
+    }
+    case v1::JournalRecord::kJobSubmitted:
+      LogInfo(absl::StrCat("job ", job.job_id(), " (", job.name(), ") submitted"));
+      break;
+    case v1::JournalRecord::kJobEnded:
+      LogInfo(absl::StrCat("job ", job.job_id(), " ended: ",
+                           v1::JobState_Name(record.job_ended().state()),
+                           record.job_ended().message().empty() ? "" : ": ",
+                           record.job_ended().message()));
+      break;
+    case v1::JournalRecord::kGenerationFormed: {
+      const v1::GenerationFormed& f = record.generation_formed();
+      LogInfo(absl::StrCat("job ", job.job_id(), " generation ", f.generation(), " formed: ",
+                           f.worker_ids_size(), " ranks, state from ",
+                           v1::Assignment::StateSource_Name(f.assignment().state_source()),
+                           f.rolled_back() ? " (rolled back to checkpoint " : "",
+                           f.rolled_back() ? absl::StrCat(f.rollback_to().checkpoint_id(), ")")
+                                           : ""));
+      break;
+    }
+    case v1::JournalRecord::kWorkerLost:
+      LogWarning(absl::StrCat("job ", job.job_id(), " lost worker ", record.worker_lost().worker_id(),
+                              ": ", record.worker_lost().reason()));
+      break;
+    case v1::JournalRecord::kCheckpointDurable:
+      LogInfo(absl::StrCat("job ", job.job_id(), " checkpoint ",
+                           record.checkpoint_durable().checkpoint_id(), " durable at ",
+                           record.checkpoint_durable().path()));
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace trainstep

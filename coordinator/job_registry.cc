@@ -1,0 +1,265 @@
+#include "coordinator/job_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+
+namespace trainstep {
+namespace {
+
+constexpr char kJobPrefix[] = "job-";
+constexpr char kWorkerPrefix[] = "w-";
+constexpr int32_t kDefaultPageSize = 1000;
+constexpr int32_t kMaxPageSize = 10000;
+
+// "job-12" -> 12; 0 when the id has another shape.
+int64_t IdNumber(absl::string_view id, absl::string_view prefix) {
+  int64_t n = 0;
+  if (!absl::ConsumePrefix(&id, prefix) || !absl::SimpleAtoi(id, &n)) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::string JobIdOf(const v1::JournalRecord& record) {
+  switch (record.kind_case()) {
+    case v1::JournalRecord::kJobSubmitted:
+      return record.job_submitted().job().job_id();
+    case v1::JournalRecord::kJobEnded:
+      return record.job_ended().job_id();
+    case v1::JournalRecord::kWorkerRegistered:
+      return record.worker_registered().worker().job_id();
+    case v1::JournalRecord::kDatasetAccepted:
+      return record.dataset_accepted().job_id();
+    case v1::JournalRecord::kWorkerLost:
+      return record.worker_lost().job_id();
+    case v1::JournalRecord::kGenerationFormed:
+      return record.generation_formed().job_id();
+    case v1::JournalRecord::kWindowEnded:
+      return record.window_ended().job_id();
+    case v1::JournalRecord::kCheckpointDurable:
+      return record.checkpoint_durable().job_id();
+    case v1::JournalRecord::KIND_NOT_SET:
+      break;
+  }
+  return "";
+}
+
+std::string JobRegistry::NewJobId() { return absl::StrCat(kJobPrefix, next_job_number_); }
+
+absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, absl::Time now) {
+  if (!req.request_id().empty()) {
+    auto it = job_by_request_.find(req.request_id());
+    if (it != job_by_request_.end()) return jobs_.at(it->second)->Job();
+  }
+  v1::JobSpec resolved;
+  switch (req.source_case()) {
+    case v1::SubmitJobRequest::kSpecJson: {
+      ASSIGN_OR_RETURN(resolved, ParseAndResolveJobSpec(req.spec_json()));
+      break;
+    }
+    case v1::SubmitJobRequest::kSpec: {
+      ASSIGN_OR_RETURN(resolved, ResolveJobSpec(req.spec()));
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("spec_json or spec is required");
+  }
+  v1::Job job;
+  job.set_job_id(NewJobId());
+  job.set_name(resolved.name());
+  job.set_state(v1::PENDING);
+  *job.mutable_spec() = resolved;
+  job.set_submit_time_ms(absl::ToUnixMillis(now));
+  job.set_request_id(req.request_id());
+  std::unique_ptr<StepMachine> machine = StepMachine::Create(options_, job, now);
+  for (v1::JournalRecord& r : machine->TakeRecords()) pending_.push_back(std::move(r));
+  Index(*machine);
+  const std::string id = job.job_id();
+  jobs_[id] = std::move(machine);
+  return jobs_[id]->Job();
+}
+
+void JobRegistry::Index(const StepMachine& machine) {
+  const v1::Job job = machine.Job();
+  job_order_.push_back(job.job_id());
+  if (!job.request_id().empty()) job_by_request_[job.request_id()] = job.job_id();
+  next_job_number_ = std::max(next_job_number_, IdNumber(job.job_id(), kJobPrefix) + 1);
+}
+
+absl::StatusOr<StepMachine*> JobRegistry::Machine(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", job_id, " (trainstep job list shows them)"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<const StepMachine*> JobRegistry::Machine(const std::string& job_id) const {
+  return const_cast<JobRegistry*>(this)->Machine(job_id);
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Get(const std::string& job_id) const {
+  ASSIGN_OR_RETURN(const StepMachine* m, Machine(job_id));
+  return m->Job();
+}
+
+std::vector<v1::Job> JobRegistry::List() const {
+  std::vector<v1::Job> out;
+  for (const std::string& id : job_order_) out.push_back(jobs_.at(id)->Job());
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Cancel(const std::string& job_id, absl::Time now) {
+  ASSIGN_OR_RETURN(StepMachine * m, Machine(job_id));
+  RETURN_IF_ERROR(m->Cancel(now));
+  return m->Job();
+}
+
+absl::StatusOr<v1::ListUpdatesResponse> JobRegistry::ListUpdates(
+    const v1::ListUpdatesRequest& req) const {
+  ASSIGN_OR_RETURN(const StepMachine* m, Machine(req.job_id()));
+  if (req.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size must be ≥ 0, got ", req.page_size()));
+  }
+  const int32_t size = req.page_size() == 0 ? kDefaultPageSize
+                                            : std::min(req.page_size(), kMaxPageSize);
+  int64_t start = 0;
+  if (!req.page_token().empty() &&
+      (!absl::SimpleAtoi(req.page_token(), &start) || start < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token \"", req.page_token(), "\" is not one this server issued"));
+  }
+  const std::vector<v1::UpdateRecord>& updates = m->updates();
+  v1::ListUpdatesResponse resp;
+  const int64_t end = std::min<int64_t>(start + size, static_cast<int64_t>(updates.size()));
+  for (int64_t i = start; i < end; ++i) *resp.add_updates() = updates[i];
+  if (end < static_cast<int64_t>(updates.size())) resp.set_next_page_token(absl::StrCat(end));
+  return resp;
+}
+
+std::vector<v1::WorkerInfo> JobRegistry::ListWorkers(const std::string& job_id) const {
+  std::vector<v1::WorkerInfo> out;
+  for (const std::string& id : job_order_) {
+    if (!job_id.empty() && id != job_id) continue;
+    for (v1::WorkerInfo& w : jobs_.at(id)->Workers()) out.push_back(std::move(w));
+  }
+  return out;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobRegistry::RegisterWorker(
+    const v1::RegisterWorkerRequest& req, absl::Time now) {
+  std::string worker_id;
+  if (!req.request_id().empty()) {
+    auto it = worker_by_request_.find(req.request_id());
+    if (it != worker_by_request_.end()) worker_id = it->second;
+  }
+  std::string job_id = req.job_id();
+  if (!worker_id.empty()) {
+    job_id = job_of_worker_.at(worker_id);
+  } else if (job_id.empty()) {
+    // The oldest job that still runs and has fewer live workers than it needs.
+    for (const std::string& id : job_order_) {
+      const StepMachine& m = *jobs_.at(id);
+      if (m.terminal()) continue;
+      int32_t live = 0;
+      for (const v1::WorkerInfo& w : m.Workers()) live += w.state() != v1::LOST;
+      if (live < m.Job().spec().workers().count()) {
+        job_id = id;
+        break;
+      }
+    }
+    if (job_id.empty()) {
+      return absl::FailedPreconditionError(
+          "no job is waiting for workers: submit one (trainstep job submit) or pass --job");
+    }
+  }
+  ASSIGN_OR_RETURN(StepMachine * m, Machine(job_id));
+  const bool fresh = worker_id.empty();
+  if (fresh) worker_id = absl::StrCat(kWorkerPrefix, next_worker_number_);
+  ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp, m->RegisterWorker(worker_id, req, now));
+  if (fresh) IndexWorker(worker_id, job_id, req.request_id());
+  return resp;
+}
+
+void JobRegistry::IndexWorker(const std::string& worker_id, const std::string& job_id,
+                              const std::string& request_id) {
+  job_of_worker_[worker_id] = job_id;
+  if (!request_id.empty()) worker_by_request_[request_id] = worker_id;
+  next_worker_number_ = std::max(next_worker_number_, IdNumber(worker_id, kWorkerPrefix) + 1);
+}
+
+void JobRegistry::RenewAllLeases(absl::Time now) {
+  for (auto& [id, m] : jobs_) m->RenewAllLeases(now);
+}
+
+void JobRegistry::Tick(absl::Time now) {
+  for (auto& [id, m] : jobs_) m->Tick(now);
+}
+
+std::optional<absl::Time> JobRegistry::NextDeadline() const {
+  std::optional<absl::Time> next;
+  for (const auto& [id, m] : jobs_) {
+    std::optional<absl::Time> t = m->NextDeadline();
+    if (t && (!next || *t < *next)) next = t;
+  }
+  return next;
+}
+
+std::vector<v1::JournalRecord> JobRegistry::TakeRecords() {
+  std::vector<v1::JournalRecord> out;
+  out.swap(pending_);
+  for (const std::string& id : job_order_) {
+    for (v1::JournalRecord& r : jobs_.at(id)->TakeRecords()) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void JobRegistry::Apply(const v1::JournalRecord& record) {
+  if (record.has_job_submitted()) {
+    std::unique_ptr<StepMachine> m = StepMachine::FromSubmitted(options_, record.job_submitted());
+    Index(*m);
+    const std::string id = m->job_id();
+    jobs_[id] = std::move(m);
+    return;
+  }
+  if (record.has_worker_registered()) {
+    const v1::WorkerRegistered& w = record.worker_registered();
+    IndexWorker(w.worker().worker_id(), w.worker().job_id(), w.request_id());
+  }
+  auto it = jobs_.find(JobIdOf(record));
+  if (it != jobs_.end()) it->second->Apply(record);
+}
+
+v1::CoordinatorSnapshot JobRegistry::Snapshot() const {
+  v1::CoordinatorSnapshot s;
+  for (const std::string& id : job_order_) *s.add_jobs() = jobs_.at(id)->Snapshot();
+  s.set_next_job_number(next_job_number_);
+  s.set_next_worker_number(next_worker_number_);
+  return s;
+}
+
+void JobRegistry::Restore(const v1::CoordinatorSnapshot& snapshot, absl::Time now) {
+  jobs_.clear();
+  job_order_.clear();
+  job_by_request_.clear();
+  worker_by_request_.clear();
+  job_of_worker_.clear();
+  for (const v1::JobSnapshot& js : snapshot.jobs()) {
+    std::unique_ptr<StepMachine> m = StepMachine::Restore(options_, js, now);
+    Index(*m);
+    for (const v1::WorkerSnapshot& w : js.workers()) {
+      IndexWorker(w.info().worker_id(), m->job_id(), w.request_id());
+    }
+    const std::string id = m->job_id();
+    jobs_[id] = std::move(m);
+  }
+  next_job_number_ = std::max(next_job_number_, snapshot.next_job_number());
+  next_worker_number_ = std::max(next_worker_number_, snapshot.next_worker_number());
+}
+
+}  // namespace trainstep

@@ -1,0 +1,76 @@
+// JobRegistry: every job's StepMachine, the request-id and worker-id indexes, and the
+// journal records they produce. Pure like the machines it holds: no threads, no I/O,
+// no clock. Coordinator (coordinator.h) wraps it with a lock, the journal and waiting.
+#ifndef TRAINSTEP_COORDINATOR_JOB_REGISTRY_H_
+#define TRAINSTEP_COORDINATOR_JOB_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/step_machine.h"
+#include "trainstep/v1/job_service.pb.h"
+#include "trainstep/v1/journal.pb.h"
+#include "trainstep/v1/worker_service.pb.h"
+
+namespace trainstep {
+
+// The job a journal record belongs to.
+std::string JobIdOf(const v1::JournalRecord& record);
+
+class JobRegistry {
+ public:
+  explicit JobRegistry(const MachineOptions& options) : options_(options) {}
+
+  // --- JobService ---
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& req, absl::Time now);
+  absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+  std::vector<v1::Job> List() const;
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, absl::Time now);
+  absl::StatusOr<v1::ListUpdatesResponse> ListUpdates(const v1::ListUpdatesRequest& req) const;
+  std::vector<v1::WorkerInfo> ListWorkers(const std::string& job_id) const;
+
+  // --- WorkerService ---
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req,
+                                                            absl::Time now);
+  // The job's machine, or NOT_FOUND naming the id.
+  absl::StatusOr<StepMachine*> Machine(const std::string& job_id);
+  absl::StatusOr<const StepMachine*> Machine(const std::string& job_id) const;
+
+  // --- Time ---
+  void Tick(absl::Time now);
+  std::optional<absl::Time> NextDeadline() const;
+
+  // --- Journal ---
+  // Every record produced since the last call, in the order they were applied.
+  std::vector<v1::JournalRecord> TakeRecords();
+  void Apply(const v1::JournalRecord& record);
+  v1::CoordinatorSnapshot Snapshot() const;
+  void Restore(const v1::CoordinatorSnapshot& snapshot, absl::Time now);
+  // Leases restart at `now` after a replay (the workers were alive when we went down).
+  void RenewAllLeases(absl::Time now);
+
+ private:
+  void Index(const StepMachine& machine);
+  void IndexWorker(const std::string& worker_id, const std::string& job_id,
+                   const std::string& request_id);
+  std::string NewJobId();
+
+  MachineOptions options_;
+  std::map<std::string, std::unique_ptr<StepMachine>> jobs_;  // by id
+  std::vector<std::string> job_order_;                        // submission order
+  std::map<std::string, std::string> job_by_request_;         // request_id -> job_id
+  std::map<std::string, std::string> worker_by_request_;      // request_id -> worker_id
+  std::map<std::string, std::string> job_of_worker_;          // worker_id -> job_id
+  int64_t next_job_number_ = 1;
+  int64_t next_worker_number_ = 1;
+  std::vector<v1::JournalRecord> pending_;  // records of machines created in Submit
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_COORDINATOR_JOB_REGISTRY_H_

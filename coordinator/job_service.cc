@@ -1,0 +1,152 @@
+#include "coordinator/job_service.h"
+
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/grpc_adapters.h"
+
+namespace trainstep {
+namespace {
+
+// Streams one job: fetch a batch, write its events one by one, fetch the next.
+class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
+ public:
+  WatchReactor(Coordinator* c, const v1::WatchJobRequest& req)
+      : c_(c), job_id_(req.job_id()), from_window_(req.from_window_id()),
+        handle_(std::make_shared<CallHandle>()) {
+    Fetch();
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool fetch = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+        return;
+      }
+      queue_.pop_front();
+      fetch = WriteNextLocked();
+    }
+    if (fetch) Fetch();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // The last thing its callers do: the answer may arrive inline and end the call.
+  void Fetch() {
+    c_->WatchJob(job_id_, cursor_, [this](absl::StatusOr<WatchBatch> batch) { OnBatch(batch); },
+                 handle_);
+  }
+
+  void OnBatch(absl::StatusOr<WatchBatch>& batch) {
+    bool fetch = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (!batch.ok()) {
+        FinishLocked(ToGrpcStatus(batch.status()));
+        return;
+      }
+      if (batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
+      for (v1::UpdateRecord& r : batch->updates) {
+        if (r.window_id() >= from_window_) *queue_.emplace_back().mutable_update() = std::move(r);
+      }
+      cursor_ = batch->cursor;
+      end_ = batch->end;
+      fetch = WriteNextLocked();
+    }
+    if (fetch) Fetch();
+  }
+
+  // Starts the next write or finishes; returns true when the caller must Fetch.
+  bool WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return false;
+    if (!queue_.empty()) {
+      StartWrite(&queue_.front());
+      return false;
+    }
+    if (end_) {
+      FinishLocked(grpc::Status::OK);
+      return false;
+    }
+    return true;
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    handle_->Claim();
+    Finish(status);
+  }
+
+  Coordinator* const c_;
+  const std::string job_id_;
+  const int64_t from_window_;
+  const std::shared_ptr<CallHandle> handle_;
+  absl::Mutex mu_;
+  std::deque<v1::WatchJobEvent> queue_ ABSL_GUARDED_BY(mu_);
+  WatchCursor cursor_;  // written in OnBatch, read in Fetch: one fetch is outstanding at a time
+  bool end_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*,
+                                                    const v1::SubmitJobRequest* req,
+                                                    v1::Job* resp) {
+  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
+    c_->SubmitJob(*req, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext*,
+                                                 const v1::GetJobRequest* req, v1::Job* resp) {
+  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
+    c_->GetJob(*req, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext*,
+                                                   const v1::ListJobsRequest*,
+                                                   v1::ListJobsResponse* resp) {
+  return ServeUnary(resp, [&](Done<v1::ListJobsResponse> done, std::shared_ptr<CallHandle>) {
+    c_->ListJobs(std::move(done));
+  });
+}
+
+grpc::ServerWriteReactor<v1::WatchJobEvent>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext*, const v1::WatchJobRequest* req) {
+  return new WatchReactor(c_, *req);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*,
+                                                    const v1::CancelJobRequest* req,
+                                                    v1::Job* resp) {
+  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
+    c_->CancelJob(*req, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListUpdates(grpc::CallbackServerContext*,
+                                                      const v1::ListUpdatesRequest* req,
+                                                      v1::ListUpdatesResponse* resp) {
+  return ServeUnary(resp, [&](Done<v1::ListUpdatesResponse> done, std::shared_ptr<CallHandle>) {
+    c_->ListUpdates(*req, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext*,
+                                                      const v1::ListWorkersRequest* req,
+                                                      v1::ListWorkersResponse* resp) {
+  return ServeUnary(resp, [&](Done<v1::ListWorkersResponse> done, std::shared_ptr<CallHandle>) {
+    c_->ListWorkers(*req, std::move(done));
+  });
+}
+
+}  // namespace trainstep

@@ -1,0 +1,411 @@
+#include "coordinator/journal.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/crc32c.h"
+#include "common/env.h"
+#include "common/status_macros.h"
+
+namespace trainstep {
+namespace {
+
+constexpr size_t kHeaderSize = 8;  // fixed32 length + fixed32 masked CRC32C.
+constexpr std::string_view kLogPrefix = "log-";
+constexpr std::string_view kSnapshotPrefix = "snapshot-";
+constexpr std::string_view kTempSuffix = ".tmp";
+
+std::string LogName(uint64_t n) { return absl::StrFormat("log-%06d", n); }
+std::string SnapshotName(uint64_t n) { return absl::StrFormat("snapshot-%06d", n); }
+
+// This Abseil's absl::string_view is its own type, not std::string_view.
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// Accepts only names this file writes, so a stray "log-01" never aliases log-000001.
+std::optional<uint64_t> ParseNumber(std::string_view name, std::string_view prefix,
+                                    std::string (*format)(uint64_t)) {
+  if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const std::string_view digits = name.substr(prefix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return absl::ascii_isdigit(c); })) {
+    return std::nullopt;
+  }
+  uint64_t n;
+  if (!absl::SimpleAtoi(AsAbsl(digits), &n) || n == 0) return std::nullopt;
+  if (format(n) != name) return std::nullopt;
+  return n;
+}
+
+bool IsSnapshotTemp(std::string_view name) {
+  if (name.size() <= kTempSuffix.size()) return false;
+  const size_t stem = name.size() - kTempSuffix.size();
+  return name.substr(stem) == kTempSuffix &&
+         ParseNumber(name.substr(0, stem), kSnapshotPrefix, &SnapshotName).has_value();
+}
+
+void PutFixed32(std::string* out, uint32_t v) {
+  const char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
+                     static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
+  out->append(b, 4);
+}
+
+uint32_t GetFixed32(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return static_cast<uint32_t>(u[0]) | (static_cast<uint32_t>(u[1]) << 8) |
+         (static_cast<uint32_t>(u[2]) << 16) | (static_cast<uint32_t>(u[3]) << 24);
+}
+
+void AppendFramed(std::string* out, std::string_view payload) {
+  PutFixed32(out, static_cast<uint32_t>(payload.size()));
+  PutFixed32(out, MaskCrc(Crc32c(payload)));
+  out->append(payload);
+}
+
+bool AllZero(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == 0; });
+}
+
+absl::Status Corrupt(const std::string& path, size_t offset, const std::string& problem) {
+  return absl::DataLossError(absl::StrFormat(
+      "journal file %s is damaged at byte offset %d: %s; refusing to open, the journal must be "
+      "repaired or restored by hand",
+      path, offset, problem));
+}
+
+// What a scan of framed records found.
+struct ScanResult {
+  std::vector<std::string> records;
+  size_t intact_bytes = 0;   // Offset just past the last intact record.
+  std::string tail_problem;  // Non-empty iff bytes after intact_bytes were dropped.
+};
+
+// Splits `data` into framed records. Damage that a crash during an append can explain (an
+// incomplete header, a length past EOF, or a bad record followed by nothing but zeros) is a torn
+// tail: dropped when `tail_may_be_torn`, DataLoss otherwise. Anything else is DataLoss.
+absl::StatusOr<ScanResult> ScanRecords(std::string_view data, const std::string& path,
+                                       bool tail_may_be_torn) {
+  ScanResult result;
+  size_t off = 0;
+  while (off < data.size()) {
+    const size_t left = data.size() - off;
+    std::string problem;
+    bool torn = false;
+    if (left < kHeaderSize) {
+      problem = absl::StrFormat("incomplete record header (%d of %d bytes)", left, kHeaderSize);
+      torn = true;
+    } else {
+      const uint32_t length = GetFixed32(data.data() + off);
+      const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
+      if (length > left - kHeaderSize) {
+        problem = absl::StrFormat("record length %d runs past end of file (%d bytes left)",
+                                  length, left - kHeaderSize);
+        torn = true;
+      } else {
+        const std::string_view payload = data.substr(off + kHeaderSize, length);
+        if (Crc32c(payload) == crc) {
+          result.records.emplace_back(payload);
+          off += kHeaderSize + length;
+          continue;
+        }
+        // Zeros after a bad record: the file grew but its last blocks never reached the disk.
+        torn = AllZero(data.substr(off + kHeaderSize + length));
+        problem = absl::StrFormat("checksum mismatch in record of length %d%s", length,
+                                  torn ? "" : " with more data after it");
+      }
+    }
+    if (AllZero(data.substr(off))) {
+      problem = "only zero bytes from the record start to end of file";
+      torn = true;
+    }
+    if (!torn) return Corrupt(path, off, problem);
+    if (!tail_may_be_torn) {
+      return Corrupt(path, off, absl::StrCat("torn record (", problem, ") in a log that is not the newest"));
+    }
+    result.intact_bytes = off;
+    result.tail_problem = std::move(problem);
+    return result;
+  }
+  result.intact_bytes = off;
+  return result;
+}
+
+// Best effort: a file that survives is deleted by the next snapshot or Open.
+void DeleteObsoleteFiles(Env* env, const std::string& dir, uint64_t oldest_live,
+                         std::vector<std::string>* warnings) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
+  if (!names.ok()) {
+    if (warnings != nullptr) warnings->push_back(std::string(names.status().message()));
+    return;
+  }
+  for (const std::string& name : *names) {
+    std::optional<uint64_t> log = ParseNumber(name, kLogPrefix, &LogName);
+    std::optional<uint64_t> snapshot = ParseNumber(name, kSnapshotPrefix, &SnapshotName);
+    const bool temp = IsSnapshotTemp(name);
+    if ((log && *log < oldest_live) || (snapshot && *snapshot < oldest_live) || temp) {
+      absl::Status s = env->DeleteFile(absl::StrCat(dir, "/", name));
+      if (!s.ok() && warnings != nullptr) warnings->push_back(std::string(s.message()));
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir,
+                                                       JournalOptions options,
+                                                       RecoveredJournal* recovered) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) return absl::InvalidArgumentError("journal directory is empty");
+  const auto path = [&dir](const std::string& name) { return absl::StrCat(dir, "/", name); };
+
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  std::set<uint64_t> logs;
+  uint64_t newest_snapshot = 0;  // 0: none.
+  for (const std::string& name : names) {
+    if (auto n = ParseNumber(name, kLogPrefix, &LogName)) logs.insert(*n);
+    if (auto n = ParseNumber(name, kSnapshotPrefix, &SnapshotName)) {
+      newest_snapshot = std::max(newest_snapshot, *n);
+    }
+  }
+
+  RecoveredJournal out;
+  if (newest_snapshot != 0) {
+    const std::string snapshot_path = path(SnapshotName(newest_snapshot));
+    ASSIGN_OR_RETURN(std::string data, env->ReadFile(snapshot_path));
+    // A snapshot is fsynced before it is renamed into place, so it is never legitimately torn.
+    ASSIGN_OR_RETURN(ScanResult scan, ScanRecords(data, snapshot_path, /*tail_may_be_torn=*/false));
+    if (scan.records.size() != 1) {
+      return Corrupt(snapshot_path, 0,
+                     absl::StrFormat("snapshot holds %d records, expected 1", scan.records.size()));
+    }
+    out.snapshot = std::move(scan.records[0]);
+  }
+
+  // The snapshot covers every log before its number; later logs must follow without a gap.
+  const uint64_t first_live = std::max<uint64_t>(newest_snapshot, 1);
+  std::vector<uint64_t> live(logs.lower_bound(first_live), logs.end());
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (live[i] != first_live + i) {
+      return absl::DataLossError(absl::StrFormat(
+          "journal %s has %s but %s is missing; refusing to open, the journal must be repaired "
+          "or restored by hand",
+          dir, LogName(live[i]), LogName(first_live + i)));
+    }
+  }
+
+  uint64_t log_number = first_live;
+  std::unique_ptr<WritableFile> log;
+  for (size_t i = 0; i < live.size(); ++i) {
+    const std::string log_path = path(LogName(live[i]));
+    const bool newest = i + 1 == live.size();
+    ASSIGN_OR_RETURN(std::string data, env->ReadFile(log_path));
+    ASSIGN_OR_RETURN(ScanResult scan, ScanRecords(data, log_path, /*tail_may_be_torn=*/newest));
+    for (std::string& r : scan.records) out.records.push_back(std::move(r));
+    if (!newest) continue;
+    log_number = live[i];
+    if (!scan.tail_problem.empty()) {
+      out.warnings.push_back(absl::StrFormat("dropped torn record at %s offset %d (%d bytes): %s",
+                                             log_path, scan.intact_bytes,
+                                             data.size() - scan.intact_bytes, scan.tail_problem));
+      RETURN_IF_ERROR(env->TruncateFile(log_path, scan.intact_bytes));
+    }
+    ASSIGN_OR_RETURN(log, env->NewAppendableFile(log_path));
+    // Make the truncation durable before appending, or a crash could revive the torn bytes
+    // in the middle of the log.
+    if (!scan.tail_problem.empty()) RETURN_IF_ERROR(log->Sync());
+  }
+  if (log == nullptr) {
+    ASSIGN_OR_RETURN(log, env->NewWritableFile(path(LogName(log_number))));
+    // Records acknowledged in this log must not vanish with its directory entry.
+    RETURN_IF_ERROR(env->SyncDir(dir));
+  }
+
+  DeleteObsoleteFiles(env, dir, first_live, &out.warnings);
+  const uint64_t records_in_log = out.records.size();
+  if (recovered != nullptr) *recovered = std::move(out);
+  return std::unique_ptr<Journal>(new Journal(env, std::move(dir), std::move(options), log_number,
+                                              std::move(log), records_in_log));
+}
+
+Journal::Journal(Env* env, std::string dir, JournalOptions options, uint64_t log_number,
+                 std::unique_ptr<WritableFile> log, uint64_t records_in_log)
+    : env_(env),
+      dir_(std::move(dir)),
+      options_(std::move(options)),
+      records_since_snapshot_(records_in_log),
+      log_number_(log_number),
+      log_(std::move(log)) {}
+
+Journal::~Journal() {
+  if (log_ != nullptr) log_->Close().IgnoreError();
+}
+
+uint64_t Journal::Append(std::string record) {
+  absl::MutexLock lock(&mu_);
+  ++records_since_snapshot_;
+  if (!broken_.ok()) return ++last_appended_;
+  if (record.size() > std::numeric_limits<uint32_t>::max()) {
+    broken_ = absl::InvalidArgumentError(absl::StrFormat(
+        "journal %s: record %d of %d bytes exceeds the 4 GiB frame limit; journal is broken",
+        dir_, last_appended_ + 1, record.size()));
+    return ++last_appended_;
+  }
+  AppendFramed(&pending_, record);
+  return ++last_appended_;
+}
+
+absl::Status Journal::Sync(uint64_t seq) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (seq > last_appended_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "journal %s: Sync(%d) but only %d records appended", dir_, seq, last_appended_));
+    }
+    // Group commit: whoever finds no writer active writes everything queued so far.
+    while (true) {
+      if (!broken_.ok()) return broken_;
+      if (last_synced_ >= seq) return absl::OkStatus();
+      if (!writing_) break;
+      writer_done_.Wait(&mu_);
+    }
+    writing_ = true;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = WritePending();
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  {
+    absl::MutexLock lock(&mu_);
+    ReleaseWriterLocked();
+  }
+  if (s.ok() && options_.on_fsync) options_.on_fsync(elapsed.count());
+  return s;
+}
+
+uint64_t Journal::last_appended() const {
+  absl::MutexLock lock(&mu_);
+  return last_appended_;
+}
+
+uint64_t Journal::records_since_snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return records_since_snapshot_;
+}
+
+absl::Status Journal::WriteSnapshot(std::string_view snapshot) {
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(BecomeWriterLocked());
+  }
+  absl::Status s = SnapshotAsWriter(snapshot);
+  absl::MutexLock lock(&mu_);
+  ReleaseWriterLocked();
+  return s;
+}
+
+absl::Status Journal::BecomeWriterLocked() {
+  while (writing_) writer_done_.Wait(&mu_);
+  if (!broken_.ok()) return broken_;
+  writing_ = true;
+  return absl::OkStatus();
+}
+
+void Journal::ReleaseWriterLocked() {
+  writing_ = false;
+  writer_done_.SignalAll();
+}
+
+absl::Status Journal::WritePending() {
+  std::string batch;
+  uint64_t batch_last;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(pending_);
+    batch_last = last_appended_;
+  }
+  if (!batch.empty()) {
+    absl::Status s = log_->Append(batch);
+    if (s.ok()) s = log_->Sync();
+    if (!s.ok()) return Break(s);
+  }
+  absl::MutexLock lock(&mu_);
+  last_synced_ = batch_last;
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Break(const absl::Status& cause) {
+  absl::MutexLock lock(&mu_);
+  if (broken_.ok()) {
+    broken_ = absl::Status(
+        cause.code(),
+        absl::StrCat("journal ", dir_, " is broken after an I/O failure and accepts no more "
+                     "writes; the coordinator must stop: ", cause.message()));
+  }
+  return broken_;
+}
+
+absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
+  RETURN_IF_ERROR(WritePending());
+  if (snapshot.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "journal %s: snapshot of %d bytes exceeds the 4 GiB frame limit", dir_, snapshot.size()));
+  }
+  const uint64_t number = log_number_ + 1;
+  const std::string final_path = absl::StrCat(dir_, "/", SnapshotName(number));
+  const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
+
+  // Until the rename, the old snapshot and log stay authoritative: a failure costs nothing.
+  std::string framed;
+  framed.reserve(kHeaderSize + snapshot.size());
+  AppendFramed(&framed, snapshot);
+  absl::Status s;
+  {
+    absl::StatusOr<std::unique_ptr<WritableFile>> temp = env_->NewWritableFile(temp_path);
+    s = temp.status();
+    if (s.ok()) s = (*temp)->Append(framed);
+    if (s.ok()) s = (*temp)->Sync();  // Data before name, or a crash could expose an empty snapshot.
+    if (s.ok()) s = (*temp)->Close();
+  }
+  if (!s.ok()) {
+    env_->DeleteFile(temp_path).IgnoreError();
+    return s;
+  }
+
+  // From the rename on, recovery may prefer the new snapshot and ignore the old log, so any
+  // failure leaves the disk in a state this object no longer tracks.
+  s = env_->RenameFile(temp_path, final_path);
+  if (s.ok()) s = env_->SyncDir(dir_);
+  if (!s.ok()) return Break(s);
+  absl::StatusOr<std::unique_ptr<WritableFile>> new_log =
+      env_->NewWritableFile(absl::StrCat(dir_, "/", LogName(number)));
+  if (!new_log.ok()) return Break(new_log.status());
+  // Records acknowledged in the new log must not vanish with its directory entry.
+  s = env_->SyncDir(dir_);
+  if (!s.ok()) return Break(s);
+
+  log_->Close().IgnoreError();  // Everything in it is already fsynced.
+  log_ = *std::move(new_log);
+  log_number_ = number;
+  {
+    absl::MutexLock lock(&mu_);
+    records_since_snapshot_ = 0;
+  }
+  DeleteObsoleteFiles(env_, dir_, number, /*warnings=*/nullptr);
+  return absl::OkStatus();
+}
+
+}  // namespace trainstep

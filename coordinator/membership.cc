@@ -1,0 +1,165 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+
+namespace trainstep {
+
+void Membership::Add(const v1::WorkerInfo& info, const std::string& request_id,
+                     absl::Time lease_expiry) {
+  WorkerEntry e;
+  e.info = info;
+  e.info.set_rank(-1);
+  e.request_id = request_id;
+  e.lease_expiry = lease_expiry;
+  order_.push_back(info.worker_id());
+  entries_.push_back(std::move(e));
+}
+
+WorkerEntry* Membership::FindMutable(const std::string& worker_id) {
+  for (size_t i = 0; i < order_.size(); ++i) {
+    if (order_[i] == worker_id) return &entries_[i];
+  }
+  return nullptr;
+}
+
+const WorkerEntry* Membership::Find(const std::string& worker_id) const {
+  return const_cast<Membership*>(this)->FindMutable(worker_id);
+}
+
+void Membership::AcceptDataset(const std::string& worker_id) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr) return;
+  e->dataset_accepted = true;
+  if (e->info.state() == v1::REGISTERED) e->info.set_state(v1::READY);
+}
+
+bool Membership::MarkLost(const std::string& worker_id) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr || e->info.state() == v1::LOST) return false;
+  const bool was_member = RankOf(worker_id) >= 0;
+  e->info.set_state(v1::LOST);
+  e->info.set_rank(-1);
+  if (was_member) broken_ = true;
+  return was_member;
+}
+
+void Membership::FormGeneration(const v1::GenerationFormed& formed) {
+  for (const std::string& id : members_) {
+    WorkerEntry* e = FindMutable(id);
+    if (e != nullptr && e->info.state() == v1::ACTIVE) {
+      e->info.set_state(v1::READY);
+      e->info.set_rank(-1);
+    }
+  }
+  generation_ = formed.generation();
+  broken_ = false;
+  members_.assign(formed.worker_ids().begin(), formed.worker_ids().end());
+  current_ = formed;
+  for (size_t rank = 0; rank < members_.size(); ++rank) {
+    WorkerEntry* e = FindMutable(members_[rank]);
+    if (e == nullptr) continue;
+    e->info.set_state(v1::ACTIVE);
+    e->info.set_rank(static_cast<int32_t>(rank));
+    e->info.set_generation(generation_);
+  }
+}
+
+bool Membership::Renew(const std::string& worker_id, absl::Time lease_expiry,
+                       int64_t applied_update_id) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr || e->info.state() == v1::LOST) return false;
+  e->lease_expiry = lease_expiry;
+  e->info.set_last_heartbeat_ms(absl::ToUnixMillis(lease_expiry));
+  e->applied_update_id = applied_update_id;
+  return true;
+}
+
+void Membership::RenewAll(absl::Time lease_expiry) {
+  for (WorkerEntry& e : entries_) e.lease_expiry = lease_expiry;
+}
+
+std::vector<std::string> Membership::Expired(absl::Time now) const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const WorkerEntry& e = entries_[i];
+    if (e.info.state() != v1::LOST && e.lease_expiry <= now) out.push_back(order_[i]);
+  }
+  return out;
+}
+
+std::optional<absl::Time> Membership::NextLeaseExpiry() const {
+  std::optional<absl::Time> next;
+  for (const WorkerEntry& e : entries_) {
+    if (e.info.state() == v1::LOST) continue;
+    if (!next || e.lease_expiry < *next) next = e.lease_expiry;
+  }
+  return next;
+}
+
+std::vector<std::string> Membership::Survivors() const {
+  std::vector<std::string> out;
+  for (const std::string& id : members_) {
+    const WorkerEntry* e = Find(id);
+    if (e != nullptr && e->info.state() != v1::LOST) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::string> Membership::Standbys() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const WorkerEntry& e = entries_[i];
+    if (e.info.state() == v1::READY && e.dataset_accepted && RankOf(order_[i]) < 0) {
+      out.push_back(order_[i]);
+    }
+  }
+  return out;
+}
+
+int32_t Membership::RankOf(const std::string& worker_id) const {
+  for (size_t rank = 0; rank < members_.size(); ++rank) {
+    if (members_[rank] == worker_id) {
+      const WorkerEntry* e = Find(worker_id);
+      if (e != nullptr && e->info.state() == v1::ACTIVE) return static_cast<int32_t>(rank);
+      return -1;
+    }
+  }
+  return -1;
+}
+
+std::vector<v1::WorkerSnapshot> Membership::Snapshot() const {
+  std::vector<v1::WorkerSnapshot> out;
+  for (const WorkerEntry& e : entries_) {
+    v1::WorkerSnapshot s;
+    *s.mutable_info() = e.info;
+    s.set_request_id(e.request_id);
+    s.set_dataset_accepted(e.dataset_accepted);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void Membership::Restore(const std::vector<v1::WorkerSnapshot>& workers,
+                         const v1::GenerationFormed& current, absl::Time lease_expiry) {
+  order_.clear();
+  entries_.clear();
+  for (const v1::WorkerSnapshot& s : workers) {
+    WorkerEntry e;
+    e.info = s.info();
+    e.request_id = s.request_id();
+    e.dataset_accepted = s.dataset_accepted();
+    e.lease_expiry = lease_expiry;
+    order_.push_back(s.info().worker_id());
+    entries_.push_back(std::move(e));
+  }
+  current_ = current;
+  generation_ = current.generation();
+  members_.assign(current.worker_ids().begin(), current.worker_ids().end());
+  broken_ = false;
+  for (const std::string& id : members_) {
+    const WorkerEntry* e = Find(id);
+    if (e == nullptr || e->info.state() != v1::ACTIVE) broken_ = true;
+  }
+}
+
+}  // namespace trainstep

@@ -1,0 +1,80 @@
+// The workers of one job: their leases, ranks and the current generation. A plain
+// container that the step machine mutates only while applying journal records (and,
+// for the ephemeral leases, on heartbeats). No clock of its own, no threads.
+#ifndef TRAINSTEP_COORDINATOR_MEMBERSHIP_H_
+#define TRAINSTEP_COORDINATOR_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "trainstep/v1/journal.pb.h"
+#include "trainstep/v1/types.pb.h"
+
+namespace trainstep {
+
+struct WorkerEntry {
+  v1::WorkerInfo info;
+  std::string request_id;
+  bool dataset_accepted = false;
+  absl::Time lease_expiry;         // ephemeral: not journaled, reset on recovery
+  int64_t applied_update_id = -1;  // ephemeral: as last reported
+};
+
+class Membership {
+ public:
+  // --- Mutations (called from the step machine's Apply) ---
+  void Add(const v1::WorkerInfo& info, const std::string& request_id, absl::Time lease_expiry);
+  void AcceptDataset(const std::string& worker_id);
+  // Marks the worker lost. Returns true if it was a rank of the current generation,
+  // which then is broken: no window of it can end any more.
+  bool MarkLost(const std::string& worker_id);
+  void FormGeneration(const v1::GenerationFormed& formed);
+  // The current generation ends without a successor yet (desync: same members re-form).
+  void BreakGeneration() { broken_ = true; }
+
+  // --- Leases (ephemeral) ---
+  bool Renew(const std::string& worker_id, absl::Time lease_expiry, int64_t applied_update_id);
+  // Every live worker's lease restarts at `lease_expiry` (after a coordinator restart).
+  void RenewAll(absl::Time lease_expiry);
+  std::vector<std::string> Expired(absl::Time now) const;
+  std::optional<absl::Time> NextLeaseExpiry() const;
+
+  // --- Queries ---
+  const WorkerEntry* Find(const std::string& worker_id) const;
+  int64_t generation() const { return generation_; }
+  int32_t world_size() const { return static_cast<int32_t>(members_.size()); }
+  const std::vector<std::string>& members() const { return members_; }
+  bool has_generation() const { return generation_ > 0; }
+  // A formed generation whose members are all alive and which no desync broke.
+  bool generation_live() const { return generation_ > 0 && !broken_; }
+  // The current generation's record (assignment template); unset before the first.
+  const v1::GenerationFormed& current() const { return current_; }
+  // Worker ids in registration order.
+  const std::vector<std::string>& order() const { return order_; }
+  // Live members of the current generation, by old rank: the survivors.
+  std::vector<std::string> Survivors() const;
+  // Live workers with an accepted dataset that are not survivors, in registration order.
+  std::vector<std::string> Standbys() const;
+  int32_t RankOf(const std::string& worker_id) const;  // -1 unless a member of the current generation
+
+  std::vector<v1::WorkerSnapshot> Snapshot() const;
+  void Restore(const std::vector<v1::WorkerSnapshot>& workers, const v1::GenerationFormed& current,
+               absl::Time lease_expiry);
+
+ private:
+  WorkerEntry* FindMutable(const std::string& worker_id);
+
+  std::vector<std::string> order_;
+  std::vector<WorkerEntry> entries_;  // parallel to order_
+  int64_t generation_ = 0;
+  bool broken_ = false;
+  std::vector<std::string> members_;  // index = rank
+  v1::GenerationFormed current_;
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_COORDINATOR_MEMBERSHIP_H_

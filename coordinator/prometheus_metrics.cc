@@ -1,0 +1,176 @@
+#include "coordinator/prometheus_metrics.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+
+#ifndef TRAINSTEP_VERSION
+#define TRAINSTEP_VERSION "dev"
+#endif
+
+namespace trainstep {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+const Histogram::BucketBoundaries& LatencyBuckets() {
+  static const Histogram::BucketBoundaries* b = new Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *b;
+}
+
+std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(std::string(s)); }
+
+// Gauges get NaN for a skipped window's norm; Prometheus accepts it, but keep the last real one.
+void SetFinite(prometheus::Gauge& g, double v) {
+  if (std::isfinite(v)) g.Set(v);
+}
+
+}  // namespace
+
+PrometheusMetrics::PrometheusMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      updates_(BuildCounter().Name("trainstep_optimizer_updates_total")
+                   .Help("Committed optimizer updates").Register(*registry_)),
+      skipped_(BuildCounter().Name("trainstep_windows_skipped_total")
+                   .Help("Windows that ended without an update, by reason").Register(*registry_)),
+      aborted_(BuildCounter().Name("trainstep_windows_aborted_total")
+                   .Help("Windows aborted and retried in a new generation, by reason")
+                   .Register(*registry_)),
+      tokens_(BuildCounter().Name("trainstep_tokens_total")
+                  .Help("Valid tokens (or samples) of committed windows").Register(*registry_)),
+      rejected_(BuildCounter().Name("trainstep_stale_requests_rejected_total")
+                    .Help("Worker calls refused as stale or out of protocol, by rpc and code")
+                    .Register(*registry_)),
+      loss_scale_(BuildGauge().Name("trainstep_loss_scale")
+                      .Help("Loss scale in force after the last window (1 without a scaler)")
+                      .Register(*registry_)),
+      learning_rate_(BuildGauge().Name("trainstep_learning_rate")
+                         .Help("Base learning rate of the last window").Register(*registry_)),
+      update_tokens_(BuildGauge().Name("trainstep_update_tokens")
+                         .Help("Valid tokens of the last window (N)").Register(*registry_)),
+      loss_(BuildGauge().Name("trainstep_loss")
+                .Help("Token-weighted loss of the last committed window").Register(*registry_)),
+      grad_norm_(BuildGauge().Name("trainstep_grad_norm")
+                     .Help("Global L2 gradient norm of the last committed window")
+                     .Register(*registry_)),
+      workers_(BuildGauge().Name("trainstep_workers").Help("Workers by state")
+                   .Register(*registry_)),
+      world_size_(BuildGauge().Name("trainstep_world_size")
+                      .Help("Ranks of the current generation").Register(*registry_)),
+      generation_(BuildGauge().Name("trainstep_generation")
+                      .Help("Current membership generation").Register(*registry_)),
+      checkpoint_id_(BuildGauge().Name("trainstep_checkpoint_id")
+                         .Help("Latest durable checkpoint id (-1 none)").Register(*registry_)),
+      last_commit_(BuildGauge().Name("trainstep_last_commit_timestamp_seconds")
+                       .Help("Unix time of the last committed update").Register(*registry_)),
+      jobs_(BuildGauge().Name("trainstep_jobs").Help("Jobs by state").Register(*registry_)),
+      build_info_(BuildGauge().Name("trainstep_build_info")
+                      .Help("Build information (value 1)").Register(*registry_)),
+      window_duration_(BuildHistogram().Name("trainstep_window_duration_seconds")
+                           .Help("First report to decision, per window").Register(*registry_)),
+      barrier_wait_(BuildHistogram().Name("trainstep_barrier_wait_seconds")
+                        .Help("Time a rank's barrier call waited for the others")
+                        .Register(*registry_)),
+      fsync_(BuildHistogram().Name("trainstep_journal_fsync_seconds")
+                 .Help("Journal group-commit write+fsync latency").Register(*registry_)) {
+  build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "coordinator"}}).Set(1);
+}
+
+absl::StatusOr<std::unique_ptr<PrometheusMetrics>> PrometheusMetrics::Start(
+    const std::string& address) {
+  auto m = std::make_unique<PrometheusMetrics>();
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  m->exposer_->RegisterCollectable(m->registry_);
+  std::vector<int> ports = m->exposer_->GetListeningPorts();
+  m->port_ = ports.empty() ? 0 : ports[0];
+  m->host_ = address.substr(0, address.rfind(':'));
+  return m;
+}
+
+void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
+  const Labels l = {{"training_job", job.job_id()}};
+  const v1::JobProgress& p = job.progress();
+  loss_scale_.Add(l).Set(p.loss_scale());
+  world_size_.Add(l).Set(p.world_size());
+  generation_.Add(l).Set(static_cast<double>(p.generation()));
+  checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
+}
+
+void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
+  const std::string& id = job.job_id();
+  SetJobGauges(job);
+  if (!record.has_window_ended()) return;
+  const v1::UpdateRecord& r = record.window_ended().decision().record();
+  const Labels l = {{"training_job", id}};
+  learning_rate_.Add(l).Set(r.learning_rate());
+  update_tokens_.Add(l).Set(static_cast<double>(r.global_valid_tokens()));
+  window_duration_.Add(l, LatencyBuckets()).Observe(r.window_seconds());
+  if (r.outcome() == "commit") {
+    updates_.Add(l).Increment();
+    tokens_.Add(l).Increment(static_cast<double>(r.global_valid_tokens()));
+    SetFinite(loss_.Add(l), r.loss());
+    SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "pre_clip"}}), r.grad_norm_pre_clip());
+    SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "post_clip"}}),
+              r.grad_norm_post_clip());
+    last_commit_.Add(l).Set(static_cast<double>(r.end_time_ms()) / 1000.0);
+  } else if (r.outcome() == "skip") {
+    skipped_.Add({{"training_job", id}, {"reason", Lower(r.reason())}}).Increment();
+  } else {
+    aborted_.Add({{"training_job", id}, {"reason", Lower(r.reason())}}).Increment();
+  }
+}
+
+void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
+  std::map<std::string, int> by_state;
+  for (int s = v1::PENDING; s <= v1::CANCELLED; ++s) {
+    by_state[Lower(v1::JobState_Name(static_cast<v1::JobState>(s)))] = 0;
+  }
+  absl::MutexLock lock(&mu_);
+  for (const v1::Job& job : jobs) {
+    ++by_state[Lower(v1::JobState_Name(job.state()))];
+    SetJobGauges(job);
+    // A job first seen here was recovered from the journal: catch its counters up.
+    if (seen_jobs_.insert(job.job_id()).second) {
+      const Labels l = {{"training_job", job.job_id()}};
+      updates_.Add(l).Increment(static_cast<double>(job.progress().windows_committed()));
+      tokens_.Add(l).Increment(static_cast<double>(job.progress().cumulative_tokens()));
+    }
+  }
+  for (const auto& [state, n] : by_state) jobs_.Add({{"state", state}}).Set(n);
+}
+
+void PrometheusMetrics::OnWorkers(const std::string& job_id,
+                                  const std::vector<v1::WorkerInfo>& workers) {
+  std::map<std::string, int> by_state;
+  for (int s = v1::REGISTERED; s <= v1::LOST; ++s) {
+    by_state[Lower(v1::WorkerState_Name(static_cast<v1::WorkerState>(s)))] = 0;
+  }
+  for (const v1::WorkerInfo& w : workers) ++by_state[Lower(v1::WorkerState_Name(w.state()))];
+  for (const auto& [state, n] : by_state) {
+    workers_.Add({{"training_job", job_id}, {"state", state}}).Set(n);
+  }
+}
+
+void PrometheusMetrics::OnJournalFsync(double seconds) {
+  fsync_.Add({}, LatencyBuckets()).Observe(seconds);
+}
+
+void PrometheusMetrics::OnRejected(absl::string_view rpc, absl::string_view reason) {
+  rejected_.Add({{"rpc", std::string(rpc)}, {"reason", Lower(reason)}}).Increment();
+}
+
+void PrometheusMetrics::OnBarrierWait(absl::string_view phase, double seconds) {
+  barrier_wait_.Add({{"phase", std::string(phase)}}, LatencyBuckets()).Observe(seconds);
+}
+
+}  // namespace trainstep

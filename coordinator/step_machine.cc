@@ -1,0 +1,943 @@
+#include "coordinator/step_machine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "coordinator/lr_schedule.h"
+
+namespace trainstep {
+namespace {
+
+constexpr double kClipEpsilon = 1e-6;
+constexpr double kNormRelativeTolerance = 1e-6;
+
+const char* OutcomeName(v1::WindowOutcome outcome) {
+  switch (outcome) {
+    case v1::COMMIT:
+      return "commit";
+    case v1::SKIP:
+      return "skip";
+    case v1::ABORT:
+      return "abort";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+double ClipCoefficient(std::optional<double> max_grad_norm, double grad_norm) {
+  if (!max_grad_norm.has_value()) return 1.0;
+  return std::min(1.0, *max_grad_norm / (grad_norm + kClipEpsilon));
+}
+
+bool GradNormsAgree(double a, double b) {
+  if (a == b) return true;
+  return std::fabs(a - b) <= kNormRelativeTolerance * std::max(std::fabs(a), std::fabs(b));
+}
+
+void StepMachine::OutcomeCounts::Add(const v1::UpdateRecord& r) {
+  if (r.outcome() == "commit") {
+    ++committed;
+    last_loss = r.loss();
+  } else if (r.outcome() == "skip") {
+    ++skipped;
+  } else {
+    ++aborted;
+  }
+}
+
+bool StepMachine::Attempt::has_any_report() const {
+  return std::any_of(units.begin(), units.end(), [](const auto& u) { return u.has_value(); });
+}
+
+// --- Construction ---
+
+StepMachine::StepMachine(const MachineOptions& options, const v1::Job& job)
+    : options_(options),
+      job_(job),
+      scaler_config_(LossScalerConfig::FromSpec(job.spec().loss_scaler())),
+      scaler_(scaler_config_) {
+  v1::CheckpointRecord initial;
+  initial.set_checkpoint_id(0);
+  *initial.mutable_scaler() = scaler_.State();
+  checkpoints_[0] = initial;
+}
+
+std::unique_ptr<StepMachine> StepMachine::Create(const MachineOptions& options, const v1::Job& job,
+                                                 absl::Time now) {
+  std::unique_ptr<StepMachine> machine(new StepMachine(options, job));
+  v1::JournalRecord record;
+  record.set_time_ms(absl::ToUnixMillis(now));
+  *record.mutable_job_submitted()->mutable_job() = job;
+  machine->outbox_.push_back(std::move(record));
+  return machine;
+}
+
+std::unique_ptr<StepMachine> StepMachine::FromSubmitted(const MachineOptions& options,
+                                                        const v1::JobSubmitted& submitted) {
+  return std::unique_ptr<StepMachine>(new StepMachine(options, submitted.job()));
+}
+
+std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
+                                                  const v1::JobSnapshot& snap, absl::Time now) {
+  std::unique_ptr<StepMachine> m(new StepMachine(options, snap.job()));
+  m->scaler_ = LossScaler(m->scaler_config_, snap.scaler());
+  m->updates_.assign(snap.updates().begin(), snap.updates().end());
+  for (const v1::UpdateRecord& r : m->updates_) m->counts_.Add(r);
+  m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
+                         now + options.worker_lease);
+  if (snap.has_dataset()) m->dataset_ = snap.dataset();
+  m->windows_per_epoch_ = snap.job().progress().windows_per_epoch();
+  m->checkpoints_.clear();
+  for (const v1::CheckpointRecord& c : snap.checkpoints()) m->checkpoints_[c.checkpoint_id()] = c;
+  m->recent_decisions_.assign(snap.recent_decisions().begin(), snap.recent_decisions().end());
+  m->next_checkpoint_id_ = snap.next_checkpoint_id();
+  const v1::JobProgress& p = snap.job().progress();
+  m->last_window_ = p.window_id();
+  m->update_id_ = p.optimizer_update_id();
+  m->scheduler_step_ = p.scheduler_step();
+  m->checkpoint_id_ = p.checkpoint_id();
+  m->cumulative_tokens_ = p.cumulative_tokens();
+  // Derivable state: consecutive desync aborts at the end of the log.
+  for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
+    if (it->outcome() != "abort") break;
+    if (it->reason() == "DESYNC") ++m->consecutive_desyncs_;
+  }
+  return m;
+}
+
+// --- Journal plumbing ---
+
+void StepMachine::Emit(v1::JournalRecord record, absl::Time now) {
+  record.set_time_ms(absl::ToUnixMillis(now));
+  Apply(record);
+  outbox_.push_back(std::move(record));
+}
+
+std::vector<v1::JournalRecord> StepMachine::TakeRecords() {
+  std::vector<v1::JournalRecord> out;
+  out.swap(outbox_);
+  return out;
+}
+
+void StepMachine::Apply(const v1::JournalRecord& record) {
+  ++version_;
+  const absl::Time now = absl::FromUnixMillis(record.time_ms());
+  switch (record.kind_case()) {
+    case v1::JournalRecord::kJobSubmitted:
+      break;  // the registry builds the machine from it
+    case v1::JournalRecord::kJobEnded: {
+      job_.set_state(record.job_ended().state());
+      job_.set_message(record.job_ended().message());
+      job_.set_end_time_ms(record.time_ms());
+      attempts_.clear();
+      break;
+    }
+    case v1::JournalRecord::kWorkerRegistered:
+      membership_.Add(record.worker_registered().worker(), record.worker_registered().request_id(),
+                      now + options_.worker_lease);
+      break;
+    case v1::JournalRecord::kDatasetAccepted: {
+      const v1::DatasetAccepted& d = record.dataset_accepted();
+      if (!dataset_.has_value()) {
+        dataset_ = d.dataset();
+        windows_per_epoch_ = d.windows_per_epoch();
+      }
+      membership_.AcceptDataset(d.worker_id());
+      break;
+    }
+    case v1::JournalRecord::kWorkerLost:
+      membership_.MarkLost(record.worker_lost().worker_id());
+      break;
+    case v1::JournalRecord::kGenerationFormed:
+      ApplyGenerationFormed(record.generation_formed(), record.time_ms());
+      break;
+    case v1::JournalRecord::kWindowEnded:
+      ApplyWindowEnded(record.window_ended());
+      break;
+    case v1::JournalRecord::kCheckpointDurable: {
+      auto it = checkpoints_.find(record.checkpoint_durable().checkpoint_id());
+      if (it != checkpoints_.end()) {
+        it->second.set_durable(true);
+        it->second.set_path(record.checkpoint_durable().path());
+      }
+      break;
+    }
+    case v1::JournalRecord::KIND_NOT_SET:
+      break;
+  }
+}
+
+void StepMachine::ApplyGenerationFormed(const v1::GenerationFormed& formed, int64_t time_ms) {
+  if (formed.rolled_back()) {
+    const v1::CheckpointRecord& to = formed.rollback_to();
+    last_window_ = to.window_id();
+    update_id_ = to.optimizer_update_id();
+    scheduler_step_ = to.scheduler_step();
+    cumulative_tokens_ = to.cumulative_tokens();
+    checkpoint_id_ = to.checkpoint_id();
+    scaler_ = LossScaler(scaler_config_, to.scaler());
+    // Checkpoints requested after the rollback point can never be written: their state is gone.
+    checkpoints_.erase(checkpoints_.upper_bound(to.checkpoint_id()), checkpoints_.end());
+  }
+  membership_.FormGeneration(formed);
+  attempts_.clear();
+  if (job_.state() == v1::PENDING) {
+    job_.set_state(v1::RUNNING);
+    job_.set_start_time_ms(time_ms);
+  }
+}
+
+void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
+  const v1::WindowDecision& d = ended.decision();
+  const v1::UpdateRecord& r = d.record();
+  updates_.push_back(r);
+  counts_.Add(r);
+  recent_decisions_.push_back(d);
+  if (recent_decisions_.size() > options_.recent_decisions) {
+    recent_decisions_.erase(recent_decisions_.begin());
+  }
+  switch (d.outcome()) {
+    case v1::COMMIT:
+      update_id_ = d.optimizer_update_id();
+      scheduler_step_ = d.scheduler_step();
+      cumulative_tokens_ = r.cumulative_tokens();
+      [[fallthrough]];
+    case v1::SKIP:
+      last_window_ = r.window_id();
+      consecutive_desyncs_ = 0;
+      attempts_.erase(r.window_id());
+      break;
+    case v1::ABORT:
+      if (r.reason() == "DESYNC") ++consecutive_desyncs_;
+      // Nothing of this generation's windows in flight can end any more.
+      membership_.BreakGeneration();
+      attempts_.clear();
+      break;
+    default:
+      break;
+  }
+  scaler_ = LossScaler(scaler_config_, ended.scaler_after());
+  if (ended.has_checkpoint_assigned()) {
+    const v1::CheckpointRecord& c = ended.checkpoint_assigned();
+    checkpoints_[c.checkpoint_id()] = c;
+    checkpoint_id_ = c.checkpoint_id();
+    next_checkpoint_id_ = std::max(next_checkpoint_id_, c.checkpoint_id() + 1);
+  }
+}
+
+v1::JobSnapshot StepMachine::Snapshot() const {
+  v1::JobSnapshot s;
+  *s.mutable_job() = Job();
+  *s.mutable_scaler() = scaler_.State();
+  for (const v1::UpdateRecord& r : updates_) *s.add_updates() = r;
+  for (v1::WorkerSnapshot& w : membership_.Snapshot()) *s.add_workers() = std::move(w);
+  if (membership_.has_generation()) *s.mutable_generation() = membership_.current();
+  if (dataset_.has_value()) *s.mutable_dataset() = *dataset_;
+  for (const auto& [id, c] : checkpoints_) *s.add_checkpoints() = c;
+  for (const v1::WindowDecision& d : recent_decisions_) *s.add_recent_decisions() = d;
+  s.set_next_checkpoint_id(next_checkpoint_id_);
+  return s;
+}
+
+// --- Queries ---
+
+bool StepMachine::terminal() const {
+  return job_.state() == v1::SUCCEEDED || job_.state() == v1::FAILED ||
+         job_.state() == v1::CANCELLED;
+}
+
+int64_t StepMachine::TotalWindows() const {
+  return windows_per_epoch_ * job_.spec().stop().epochs();
+}
+
+int64_t StepMachine::EpochOf(int64_t window_id) const {
+  if (windows_per_epoch_ <= 0 || window_id <= 0) return 0;
+  return (window_id - 1) / windows_per_epoch_;
+}
+
+bool StepMachine::StopReachedAfter(int64_t window_id, int64_t update_id) const {
+  const v1::Stop& stop = job_.spec().stop();
+  if (stop.has_max_updates() && update_id >= stop.max_updates()) return true;
+  const int64_t total = TotalWindows();
+  return total > 0 && window_id >= total;
+}
+
+v1::Job StepMachine::Job() const {
+  v1::Job job = job_;
+  v1::JobProgress* p = job.mutable_progress();
+  p->set_window_id(last_window_);
+  p->set_optimizer_update_id(update_id_);
+  p->set_scheduler_step(scheduler_step_);
+  p->set_checkpoint_id(checkpoint_id_);
+  const v1::CheckpointRecord* durable = LatestDurableCheckpoint();
+  p->set_durable_checkpoint_id(durable == nullptr ? -1 : durable->checkpoint_id());
+  p->set_cumulative_tokens(cumulative_tokens_);
+  p->set_loss_scale(scaler_.scale());
+  p->set_learning_rate(LearningRate(job_.spec(), scheduler_step_));
+  p->set_generation(membership_.generation());
+  p->set_world_size(membership_.world_size());
+  p->set_windows_committed(counts_.committed);
+  p->set_windows_skipped(counts_.skipped);
+  p->set_windows_aborted(counts_.aborted);
+  p->set_last_loss(counts_.last_loss);
+  p->set_epoch(EpochOf(last_window_ + 1));
+  if (job_.spec().stop().has_max_updates()) p->set_max_updates(job_.spec().stop().max_updates());
+  p->set_windows_per_epoch(windows_per_epoch_);
+  if (dataset_.has_value()) p->set_dataset_samples(dataset_->samples());
+  return job;
+}
+
+std::vector<v1::WorkerInfo> StepMachine::Workers() const {
+  std::vector<v1::WorkerInfo> out;
+  for (const std::string& id : membership_.order()) out.push_back(membership_.Find(id)->info);
+  return out;
+}
+
+const v1::CheckpointRecord* StepMachine::LatestDurableCheckpoint() const {
+  for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
+    if (it->second.durable()) return &it->second;
+  }
+  return nullptr;
+}
+
+std::optional<int64_t> StepMachine::PendingCheckpointFor(int64_t update_id) const {
+  if (!CheckpointingEnabled()) return std::nullopt;
+  for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
+    if (it->second.optimizer_update_id() == update_id) {
+      if (it->second.durable()) return std::nullopt;
+      return it->first;
+    }
+  }
+  return std::nullopt;
+}
+
+const v1::WindowDecision* StepMachine::FindDecision(int64_t generation, int64_t window_id) const {
+  for (auto it = recent_decisions_.rbegin(); it != recent_decisions_.rend(); ++it) {
+    if (it->record().generation() == generation && it->record().window_id() == window_id) {
+      return &*it;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<absl::Time> StepMachine::NextDeadline() const {
+  if (terminal()) return std::nullopt;
+  return membership_.NextLeaseExpiry();
+}
+
+// --- Checks ---
+
+absl::Status StepMachine::CheckRunnable() const {
+  if (terminal()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id(), " is ",
+                                                      v1::JobState_Name(job_.state()),
+                                                      job_.message().empty() ? "" : ": ",
+                                                      job_.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t generation,
+                                      int32_t rank) const {
+  const WorkerEntry* w = membership_.Find(worker_id);
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " is not registered with job ", job_id()));
+  }
+  if (w->info.state() == v1::LOST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " was declared lost (its lease expired); register again"));
+  }
+  const int64_t current = membership_.generation();
+  if (generation > current) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("generation ", generation, " does not exist; the current one is ", current));
+  }
+  if (generation < current || !membership_.generation_live()) {
+    return absl::AbortedError(absl::StrCat("generation ", generation,
+                                           " is over; wait for the next generation (heartbeat)"));
+  }
+  const int32_t actual = membership_.RankOf(worker_id);
+  if (actual != rank) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is rank ", actual,
+                                                      " of generation ", current, ", not rank ",
+                                                      rank));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepMachine::Attempt*> StepMachine::AttemptFor(int64_t window_id) {
+  const int64_t next = last_window_ + 1;
+  if (window_id < next) {
+    return absl::AbortedError(absl::StrCat("window ", window_id,
+                                           " already ended; the next window is ", next));
+  }
+  if (window_id > next + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "window ", window_id, " is ahead of the protocol; the next window is ", next));
+  }
+  if (StopReachedAfter(window_id - 1, update_id_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("training is done: there is no window ", window_id));
+  }
+  auto [it, inserted] = attempts_.try_emplace(window_id);
+  if (inserted) {
+    it->second.window_id = window_id;
+    it->second.units.resize(membership_.world_size());
+    it->second.complete.resize(membership_.world_size());
+  }
+  return &it->second;
+}
+
+absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t units) {
+  if (units < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("valid_units must be ≥ 0, got ", units));
+  }
+  std::optional<int64_t>& slot = attempt->units[rank];
+  if (slot.has_value()) {
+    if (*slot != units) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " reported ", *slot,
+                                                     " valid units for window ",
+                                                     attempt->window_id, " and now ", units));
+    }
+    return absl::OkStatus();
+  }
+  slot = units;
+  ++version_;
+  return absl::OkStatus();
+}
+
+bool StepMachine::BarrierReady(const Attempt& attempt) const {
+  if (attempt.window_id != last_window_ + 1) return false;
+  return std::all_of(attempt.units.begin(), attempt.units.end(),
+                     [](const auto& u) { return u.has_value(); });
+}
+
+v1::BeginWindowResponse StepMachine::BarrierResponse(const Attempt& attempt) const {
+  v1::BeginWindowResponse r;
+  int64_t n = 0;
+  for (const auto& u : attempt.units) n += u.value_or(0);
+  r.set_global_valid_units(n);
+  r.set_loss_scale(scaler_.scale());
+  r.set_learning_rate(LearningRate(job_.spec(), scheduler_step_));
+  r.set_scheduler_step(scheduler_step_);
+  r.set_optimizer_update_id(update_id_);
+  r.set_epoch(EpochOf(attempt.window_id));
+  return r;
+}
+
+// --- Worker calls ---
+
+absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
+    const std::string& worker_id, const v1::RegisterWorkerRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(CheckRunnable());
+  if (membership_.Find(worker_id) == nullptr) {
+    v1::JournalRecord record;
+    v1::WorkerRegistered* reg = record.mutable_worker_registered();
+    v1::WorkerInfo* info = reg->mutable_worker();
+    info->set_worker_id(worker_id);
+    info->set_job_id(job_id());
+    info->set_name(req.name());
+    info->set_host(req.host());
+    info->set_state(v1::REGISTERED);
+    info->set_rank(-1);
+    info->set_registered_ms(absl::ToUnixMillis(now));
+    info->set_last_heartbeat_ms(absl::ToUnixMillis(now));
+    reg->set_request_id(req.request_id());
+    Emit(std::move(record), now);
+  }
+  v1::RegisterWorkerResponse resp;
+  resp.set_worker_id(worker_id);
+  resp.set_job_id(job_id());
+  *resp.mutable_spec() = job_.spec();
+  resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.worker_lease / 5));
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::HeartbeatRequest& req,
+                                                             absl::Time now) {
+  const WorkerEntry* w = membership_.Find(req.worker_id());
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
+  }
+  if (w->info.state() == v1::LOST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", req.worker_id(), " was declared lost (its lease expired); register again"));
+  }
+  membership_.Renew(req.worker_id(), now + options_.worker_lease, req.applied_update_id());
+
+  if (!terminal() && req.has_dataset() && !w->dataset_accepted) {
+    const v1::DatasetInfo& d = req.dataset();
+    if (d.samples() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.samples must be ≥ 1, got ", d.samples()));
+    }
+    if (dataset_.has_value() && (dataset_->samples() != d.samples() ||
+                                 dataset_->fingerprint() != d.fingerprint())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "worker %s read a different dataset (%d samples, fingerprint %s) than the job's "
+          "(%d samples, fingerprint %s): every worker must read the same files",
+          req.worker_id(), d.samples(), d.fingerprint(), dataset_->samples(),
+          dataset_->fingerprint()));
+    }
+    int64_t per_epoch = windows_per_epoch_;
+    if (!dataset_.has_value()) {
+      const int64_t batch = GlobalBatchSamples(job_.spec());
+      per_epoch = job_.spec().batch().tail() == v1::Batch::drop ? d.samples() / batch
+                                                                 : (d.samples() + batch - 1) / batch;
+      if (per_epoch == 0) {
+        FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
+                                "(micro_batch_size × accumulation_steps × workers.count) with "
+                                "batch.tail drop: no window would train",
+                                d.samples(), batch),
+                now);
+      }
+    }
+    if (!terminal()) {
+      v1::JournalRecord record;
+      v1::DatasetAccepted* acc = record.mutable_dataset_accepted();
+      acc->set_job_id(job_id());
+      acc->set_worker_id(req.worker_id());
+      *acc->mutable_dataset() = d;
+      acc->set_windows_per_epoch(per_epoch);
+      Emit(std::move(record), now);
+      MaybeFormGeneration(now);
+    }
+  }
+
+  v1::HeartbeatResponse resp;
+  resp.set_job_state(job_.state());
+  resp.set_job_message(job_.message());
+  resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
+  w = membership_.Find(req.worker_id());
+  resp.set_dataset_accepted(w->dataset_accepted);
+  const int32_t rank = membership_.RankOf(req.worker_id());
+  if (!terminal() && rank >= 0 && membership_.generation_live()) {
+    resp.set_assigned(true);
+    v1::Assignment* a = resp.mutable_assignment();
+    *a = membership_.current().assignment();
+    a->set_rank(rank);
+    a->set_world_size(membership_.world_size());
+    a->set_generation(membership_.generation());
+    if (rank != 0) a->clear_pending_checkpoint_id();
+  }
+  return resp;
+}
+
+absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
+    const v1::BeginWindowRequest& req, absl::Time now) {
+  Answer<v1::BeginWindowResponse> answer;
+  if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
+    answer.ready = true;
+    answer.response.set_global_valid_units(d->record().global_valid_tokens());
+    answer.response.set_learning_rate(d->learning_rate());
+    *answer.response.mutable_decision() = *d;
+    return answer;
+  }
+  RETURN_IF_ERROR(CheckRunnable());
+  RETURN_IF_ERROR(CheckMember(req.worker_id(), req.generation(), req.rank()));
+  ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
+  if (!attempt->has_any_report()) attempt->first_report = now;
+  RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
+  if (!BarrierReady(*attempt)) return answer;
+  MaybeEndEmptyWindow(now);
+  if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
+    answer.ready = true;
+    answer.response.set_global_valid_units(0);
+    *answer.response.mutable_decision() = *d;
+    return answer;
+  }
+  answer.ready = true;
+  answer.response = BarrierResponse(*attempt);
+  return answer;
+}
+
+absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
+    const v1::CompleteWindowRequest& req, absl::Time now) {
+  Answer<v1::CompleteWindowResponse> answer;
+  if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
+    answer.ready = true;
+    *answer.response.mutable_decision() = *d;
+    return answer;
+  }
+  RETURN_IF_ERROR(CheckRunnable());
+  RETURN_IF_ERROR(CheckMember(req.worker_id(), req.generation(), req.rank()));
+  if (req.micro_steps() < 0 || req.allreduce_calls() < 0) {
+    return absl::InvalidArgumentError("micro_steps and allreduce_calls must be ≥ 0");
+  }
+  if (req.window_id() != last_window_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("window ", req.window_id(), " cannot complete: the window in progress is ",
+                     last_window_ + 1));
+  }
+  ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
+  if (!attempt->has_any_report()) attempt->first_report = now;
+  // The report carries n_r, so it also stands for a BeginWindow report that a restarted
+  // coordinator never saw.
+  RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
+  std::optional<v1::CompleteWindowRequest>& slot = attempt->complete[req.rank()];
+  if (slot.has_value()) {
+    if (slot->SerializeAsString() != req.SerializeAsString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " sent two different reports for window ", req.window_id()));
+    }
+  } else {
+    slot = req;
+    ++version_;
+  }
+  const bool all = std::all_of(attempt->complete.begin(), attempt->complete.end(),
+                               [](const auto& c) { return c.has_value(); });
+  if (!all || !BarrierReady(*attempt)) return answer;
+  DecideWindow(*attempt, now);
+  const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
+  answer.ready = true;
+  *answer.response.mutable_decision() = *d;
+  return answer;
+}
+
+absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now) {
+  if (membership_.Find(req.worker_id()) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
+  }
+  if (!CheckpointingEnabled()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id(), " has no checkpoint.dir: checkpoints are off"));
+  }
+  auto it = checkpoints_.find(req.checkpoint_id());
+  if (it == checkpoints_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", req.checkpoint_id(), " was never requested"));
+  }
+  if (it->second.optimizer_update_id() != req.optimizer_update_id()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", req.checkpoint_id(), " holds optimizer update ",
+        it->second.optimizer_update_id(), ", not ", req.optimizer_update_id()));
+  }
+  if (it->second.durable()) return absl::OkStatus();
+  v1::JournalRecord record;
+  v1::CheckpointDurable* c = record.mutable_checkpoint_durable();
+  c->set_job_id(job_id());
+  c->set_checkpoint_id(req.checkpoint_id());
+  c->set_path(req.path());
+  Emit(std::move(record), now);
+  MaybeFinish(now);
+  return absl::OkStatus();
+}
+
+absl::Status StepMachine::ReportFailure(const v1::ReportFailureRequest& req, absl::Time now) {
+  const WorkerEntry* w = membership_.Find(req.worker_id());
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
+  }
+  if (terminal()) return absl::OkStatus();
+  FailJob(absl::StrCat("worker ", req.worker_id(), w->info.host().empty() ? "" : " on ",
+                       w->info.host(), ": ", req.message()),
+          now);
+  return absl::OkStatus();
+}
+
+absl::Status StepMachine::Cancel(absl::Time now) {
+  if (terminal()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id(), " already ended: ", v1::JobState_Name(job_.state())));
+  }
+  v1::JournalRecord record;
+  v1::JobEnded* e = record.mutable_job_ended();
+  e->set_job_id(job_id());
+  e->set_state(v1::CANCELLED);
+  e->set_message("cancelled by a client");
+  Emit(std::move(record), now);
+  return absl::OkStatus();
+}
+
+void StepMachine::Tick(absl::Time now) {
+  if (terminal()) return;
+  bool lost_any = false;
+  for (const std::string& id : membership_.Expired(now)) {
+    if (membership_.RankOf(id) >= 0 && membership_.generation_live()) {
+      AbortInFlight("WORKER_LOST", now);
+    }
+    v1::JournalRecord record;
+    v1::WorkerLost* lost = record.mutable_worker_lost();
+    lost->set_job_id(job_id());
+    lost->set_worker_id(id);
+    lost->set_reason("lease expired");
+    Emit(std::move(record), now);
+    lost_any = true;
+  }
+  if (lost_any) MaybeFormGeneration(now);
+}
+
+// --- Decisions ---
+
+v1::UpdateRecord StepMachine::BaseRecord(int64_t window_id) const {
+  v1::UpdateRecord r;
+  r.set_window_id(window_id);
+  r.set_generation(membership_.generation());
+  r.set_world_size(membership_.world_size());
+  r.set_optimizer_update_id(update_id_);
+  r.set_scheduler_step(scheduler_step_);
+  r.set_cumulative_tokens(cumulative_tokens_);
+  r.set_learning_rate(LearningRate(job_.spec(), scheduler_step_));
+  r.set_loss_scale(scaler_.scale());
+  r.set_checkpoint_id(checkpoint_id_);
+  r.set_epoch(EpochOf(window_id));
+  return r;
+}
+
+void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
+  const size_t world = attempt.complete.size();
+  const v1::CompleteWindowRequest& first = *attempt.complete[0];
+  int64_t units = 0, micro_steps = 0;
+  double loss_sum = 0.0;
+  size_t inf_ranks = 0;
+  std::string desync;
+  for (size_t rank = 0; rank < world; ++rank) {
+    const v1::CompleteWindowRequest& c = *attempt.complete[rank];
+    units += c.valid_units();
+    micro_steps += c.micro_steps();
+    loss_sum += c.loss_sum();
+    if (c.found_inf()) ++inf_ranks;
+    if (desync.empty() && c.allreduce_calls() != first.allreduce_calls()) {
+      desync = absl::StrCat("rank ", rank, " made ", c.allreduce_calls(),
+                            " all-reduce calls, rank 0 made ", first.allreduce_calls());
+    }
+  }
+  // Every rank checks the same all-reduced gradient, so they must agree on found_inf and
+  // on its norm. Disagreement means the replicas diverged: never continue silently.
+  if (desync.empty() && inf_ranks != 0 && inf_ranks != world) {
+    desync = absl::StrCat(inf_ranks, " of ", world, " ranks found non-finite gradients");
+  }
+  if (desync.empty() && inf_ranks == 0) {
+    for (size_t rank = 1; rank < world; ++rank) {
+      const double norm = attempt.complete[rank]->grad_norm();
+      if (!GradNormsAgree(norm, first.grad_norm())) {
+        desync = absl::StrFormat("rank %d reports grad norm %.9g, rank 0 %.9g", rank, norm,
+                                 first.grad_norm());
+        break;
+      }
+    }
+  }
+
+  v1::WindowDecision d;
+  v1::UpdateRecord* r = d.mutable_record();
+  *r = BaseRecord(attempt.window_id);
+  r->set_micro_steps(micro_steps);
+  r->set_global_valid_tokens(units);
+  r->set_allreduce_calls(first.allreduce_calls());
+  r->set_loss(units > 0 ? loss_sum / static_cast<double>(units) : 0.0);
+  r->set_grad_norm_pre_clip(first.grad_norm());
+  r->set_window_seconds(absl::ToDoubleSeconds(now - attempt.first_report));
+
+  if (!desync.empty()) {
+    d.set_outcome(v1::ABORT);
+    d.set_reason("DESYNC");
+    r->set_grad_norm_post_clip(0.0);
+    EndWindow(std::move(d), now);
+    if (terminal()) return;
+    if (consecutive_desyncs_ >= options_.max_consecutive_desyncs) {
+      FailJob(absl::StrCat("replicas diverged ", consecutive_desyncs_, " times in a row at window ",
+                           attempt.window_id, " (", desync, ")"),
+              now);
+      return;
+    }
+    MaybeFormGeneration(now);
+    return;
+  }
+  if (inf_ranks > 0) {
+    d.set_outcome(v1::SKIP);
+    d.set_reason("OVERFLOW");
+  } else if (!std::isfinite(loss_sum) || !std::isfinite(first.grad_norm())) {
+    d.set_outcome(v1::SKIP);
+    d.set_reason("NONFINITE_LOSS");
+  } else {
+    d.set_outcome(v1::COMMIT);
+  }
+  EndWindow(std::move(d), now);
+}
+
+void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
+  v1::UpdateRecord* r = d.mutable_record();
+  r->set_outcome(OutcomeName(d.outcome()));
+  r->set_reason(d.reason());
+  const v1::Clip& clip = job_.spec().clip();
+  std::optional<double> max_norm;
+  if (clip.has_max_grad_norm()) max_norm = clip.max_grad_norm();
+
+  LossScaler scaler_after = scaler_;
+  int64_t update_after = update_id_;
+  int64_t step_after = scheduler_step_;
+  if (d.outcome() == v1::COMMIT) {
+    const double coef = ClipCoefficient(max_norm, r->grad_norm_pre_clip());
+    d.set_clip_coef(coef);
+    r->set_clip_coef(coef);
+    r->set_grad_norm_post_clip(r->grad_norm_pre_clip() * coef);
+    update_after = update_id_ + 1;
+    step_after = scheduler_step_ + 1;
+    r->set_cumulative_tokens(cumulative_tokens_ + r->global_valid_tokens());
+    scaler_after.Update(/*found_inf=*/false);
+  } else if (d.outcome() == v1::SKIP) {
+    // The scaler reacts to gradient overflow only, once per window.
+    if (d.reason() == "OVERFLOW") scaler_after.Update(/*found_inf=*/true);
+    r->set_grad_norm_post_clip(0.0);
+  }
+  d.set_learning_rate(r->learning_rate());
+  d.set_optimizer_update_id(update_after);
+  d.set_scheduler_step(step_after);
+  r->set_optimizer_update_id(update_after);
+  r->set_scheduler_step(step_after);
+  r->set_loss_scale(scaler_after.scale());
+  r->set_end_time_ms(absl::ToUnixMillis(now));
+
+  v1::JournalRecord record;
+  v1::WindowEnded* ended = record.mutable_window_ended();
+  ended->set_job_id(job_id());
+  *ended->mutable_scaler_after() = scaler_after.State();
+
+  if (d.outcome() != v1::ABORT) {
+    const bool done = StopReachedAfter(r->window_id(), update_after);
+    d.set_job_done(done);
+    const int64_t every = job_.spec().checkpoint().every_updates();
+    const bool periodic = d.outcome() == v1::COMMIT && every > 0 && update_after % every == 0;
+    // The last committed update is always checkpointed when the job ends.
+    const bool final_needed = done && checkpoints_.rbegin()->second.optimizer_update_id() != update_after;
+    if (CheckpointingEnabled() && (periodic || final_needed)) {
+      v1::CheckpointRecord* c = ended->mutable_checkpoint_assigned();
+      c->set_checkpoint_id(next_checkpoint_id_);
+      c->set_window_id(r->window_id());
+      c->set_optimizer_update_id(update_after);
+      c->set_scheduler_step(step_after);
+      c->set_cumulative_tokens(r->cumulative_tokens());
+      *c->mutable_scaler() = scaler_after.State();
+      d.set_write_checkpoint(true);
+      d.set_checkpoint_id(next_checkpoint_id_);
+      r->set_checkpoint_id(next_checkpoint_id_);
+    }
+  }
+  *ended->mutable_decision() = std::move(d);
+  Emit(std::move(record), now);
+  MaybeFinish(now);
+  MaybeEndEmptyWindow(now);
+}
+
+void StepMachine::MaybeEndEmptyWindow(absl::Time now) {
+  if (terminal()) return;
+  auto it = attempts_.find(last_window_ + 1);
+  if (it == attempts_.end() || !BarrierReady(it->second)) return;
+  if (BarrierResponse(it->second).global_valid_units() != 0) return;
+  if (FindDecision(membership_.generation(), it->first) != nullptr) return;
+  v1::WindowDecision d;
+  d.set_outcome(v1::SKIP);
+  d.set_reason("EMPTY_WINDOW");
+  v1::UpdateRecord* r = d.mutable_record();
+  *r = BaseRecord(it->first);
+  r->set_window_seconds(absl::ToDoubleSeconds(now - it->second.first_report));
+  EndWindow(std::move(d), now);
+}
+
+void StepMachine::AbortInFlight(const std::string& reason, absl::Time now) {
+  auto it = attempts_.find(last_window_ + 1);
+  if (it == attempts_.end() || !it->second.has_any_report()) {
+    // Nothing in flight: the generation still ends, without a log record.
+    return;
+  }
+  v1::WindowDecision d;
+  d.set_outcome(v1::ABORT);
+  d.set_reason(reason);
+  v1::UpdateRecord* r = d.mutable_record();
+  *r = BaseRecord(it->first);
+  int64_t units = 0;
+  for (const auto& u : it->second.units) units += u.value_or(0);
+  r->set_global_valid_tokens(units);
+  r->set_window_seconds(absl::ToDoubleSeconds(now - it->second.first_report));
+  EndWindow(std::move(d), now);
+}
+
+void StepMachine::FailJob(const std::string& message, absl::Time now) {
+  if (terminal()) return;
+  v1::JournalRecord record;
+  v1::JobEnded* e = record.mutable_job_ended();
+  e->set_job_id(job_id());
+  e->set_state(v1::FAILED);
+  e->set_message(message);
+  Emit(std::move(record), now);
+}
+
+void StepMachine::MaybeFinish(absl::Time now) {
+  if (terminal() || !StopReachedAfter(last_window_, update_id_)) return;
+  if (PendingCheckpointFor(update_id_).has_value()) return;  // wait for the final checkpoint
+  v1::JournalRecord record;
+  v1::JobEnded* e = record.mutable_job_ended();
+  e->set_job_id(job_id());
+  e->set_state(v1::SUCCEEDED);
+  Emit(std::move(record), now);
+}
+
+void StepMachine::MaybeFormGeneration(absl::Time now) {
+  if (terminal() || !dataset_.has_value() || membership_.generation_live()) return;
+  const std::vector<std::string> survivors = membership_.Survivors();
+  const std::vector<std::string> standbys = membership_.Standbys();
+  const size_t need = static_cast<size_t>(job_.spec().workers().count());
+  if (survivors.size() + standbys.size() < need) return;
+
+  v1::JournalRecord record;
+  v1::GenerationFormed* f = record.mutable_generation_formed();
+  f->set_job_id(job_id());
+  f->set_generation(membership_.generation() + 1);
+  for (const std::string& id : survivors) {
+    if (static_cast<size_t>(f->worker_ids_size()) < need) f->add_worker_ids(id);
+  }
+  for (const std::string& id : standbys) {
+    if (static_cast<size_t>(f->worker_ids_size()) < need) f->add_worker_ids(id);
+  }
+  v1::Assignment* a = f->mutable_assignment();
+  a->set_store_prefix(absl::StrCat(job_id(), "/g", f->generation(), "/"));
+
+  // Where the replicas' state comes from (DESIGN.md "Failure semantics").
+  if (!survivors.empty()) {
+    a->set_state_source(v1::Assignment::BROADCAST);
+    a->set_source_rank(0);
+  } else if (update_id_ == 0) {
+    a->set_state_source(v1::Assignment::INIT);
+  } else {
+    // Every replica is gone: roll back to the latest durable checkpoint (or the start).
+    const v1::CheckpointRecord* resume = LatestDurableCheckpoint();
+    f->set_rolled_back(true);
+    if (resume != nullptr) {
+      *f->mutable_rollback_to() = *resume;
+      a->set_state_source(v1::Assignment::CHECKPOINT);
+      a->set_checkpoint_id(resume->checkpoint_id());
+    } else {
+      *f->mutable_rollback_to() = checkpoints_.begin()->second;
+      f->mutable_rollback_to()->set_checkpoint_id(0);
+      a->set_state_source(v1::Assignment::INIT);
+    }
+  }
+  const int64_t update_id = f->rolled_back() ? f->rollback_to().optimizer_update_id() : update_id_;
+  a->set_optimizer_update_id(update_id);
+  a->set_scheduler_step(f->rolled_back() ? f->rollback_to().scheduler_step() : scheduler_step_);
+  a->set_next_window_id((f->rolled_back() ? f->rollback_to().window_id() : last_window_) + 1);
+  if (CheckpointingEnabled()) {
+    // A checkpoint of this state that was requested but never acknowledged is written again.
+    for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
+      if (it->second.optimizer_update_id() == update_id) {
+        if (!it->second.durable()) a->set_pending_checkpoint_id(it->first);
+        break;
+      }
+    }
+  }
+  Emit(std::move(record), now);
+}
+
+}  // namespace trainstep

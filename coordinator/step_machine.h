@@ -1,0 +1,183 @@
+// StepMachine: one job's authoritative window protocol (DESIGN.md "The window
+// protocol"). It owns the job's ids, loss scaler, membership and per-update log, and
+// decides every window: COMMIT, SKIP(reason) or ABORT(reason).
+//
+// Pure: no gRPC, no threads, no I/O, no clock. Every call takes `now`. Every durable
+// change is made the same way: decide → build a journal record → Apply(record). The
+// records are collected in an outbox the caller drains (TakeRecords) and journals
+// before it answers anyone; replaying the journal calls the same Apply, so a recovered
+// machine is the one that crashed. Things that are not journaled (leases, barrier
+// reports in flight) are rebuilt by the workers' retries.
+//
+// Reports are idempotent on (generation, window_id, rank). A call that cannot be
+// answered yet (a barrier still waiting for ranks) returns `ready = false`; the caller
+// repeats the same call when the machine changed, and gets the answer then.
+//
+// Not thread-safe: the caller serialises calls.
+#ifndef TRAINSTEP_COORDINATOR_STEP_MACHINE_H_
+#define TRAINSTEP_COORDINATOR_STEP_MACHINE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/loss_scaler.h"
+#include "coordinator/membership.h"
+#include "trainstep/v1/job_service.pb.h"
+#include "trainstep/v1/journal.pb.h"
+#include "trainstep/v1/worker_service.pb.h"
+
+namespace trainstep {
+
+struct MachineOptions {
+  absl::Duration worker_lease = absl::Seconds(10);
+  // A window aborted for DESYNC this many times in a row fails the job.
+  int max_consecutive_desyncs = 3;
+  // Decisions kept to answer repeated reports.
+  size_t recent_decisions = 8;
+};
+
+// The clip coefficient of REFERENCE/DESIGN: min(1, max_norm / (norm + 1e-6)); 1 without clipping.
+double ClipCoefficient(std::optional<double> max_grad_norm, double grad_norm);
+// Two ranks' reports of the same all-reduced gradient's norm agree (relative 1e-6).
+bool GradNormsAgree(double a, double b);
+
+template <typename Response>
+struct Answer {
+  bool ready = false;  // false: a barrier is still waiting; ask again after the machine changes
+  Response response;
+};
+
+class StepMachine {
+ public:
+  // A machine for a job just submitted. `job` carries id, name, resolved spec and times.
+  // Its JobSubmitted record is the first one TakeRecords returns.
+  static std::unique_ptr<StepMachine> Create(const MachineOptions& options, const v1::Job& job,
+                                             absl::Time now);
+  // The machine a JobSubmitted record describes (replay).
+  static std::unique_ptr<StepMachine> FromSubmitted(const MachineOptions& options,
+                                                    const v1::JobSubmitted& submitted);
+  // A machine rebuilt from a snapshot; every live worker's lease restarts at now.
+  static std::unique_ptr<StepMachine> Restore(const MachineOptions& options,
+                                              const v1::JobSnapshot& snapshot, absl::Time now);
+
+  // --- Worker calls ---
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const std::string& worker_id,
+                                                            const v1::RegisterWorkerRequest& req,
+                                                            absl::Time now);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req, absl::Time now);
+  absl::StatusOr<Answer<v1::BeginWindowResponse>> BeginWindow(const v1::BeginWindowRequest& req,
+                                                              absl::Time now);
+  absl::StatusOr<Answer<v1::CompleteWindowResponse>> CompleteWindow(
+      const v1::CompleteWindowRequest& req, absl::Time now);
+  absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now);
+  absl::Status ReportFailure(const v1::ReportFailureRequest& req, absl::Time now);
+
+  // --- Client calls ---
+  absl::Status Cancel(absl::Time now);
+  v1::Job Job() const;  // with progress filled in
+  const std::vector<v1::UpdateRecord>& updates() const { return updates_; }
+  std::vector<v1::WorkerInfo> Workers() const;
+
+  // --- Time ---
+  // Expires leases: a lost rank aborts the window in flight; a new generation forms when
+  // enough workers are ready.
+  void Tick(absl::Time now);
+  std::optional<absl::Time> NextDeadline() const;
+  // After a replay: the workers were alive when the coordinator went down.
+  void RenewAllLeases(absl::Time now) { membership_.RenewAll(now + options_.worker_lease); }
+
+  // --- Journal ---
+  void Apply(const v1::JournalRecord& record);
+  v1::JobSnapshot Snapshot() const;
+  std::vector<v1::JournalRecord> TakeRecords();
+
+  const std::string& job_id() const { return job_.job_id(); }
+  bool terminal() const;
+  // Bumped on every change a waiting caller may care about (records, barrier progress).
+  uint64_t version() const { return version_; }
+
+ private:
+  struct Attempt {  // one window of the current generation, in flight
+    int64_t window_id = 0;
+    absl::Time first_report;
+    std::vector<std::optional<int64_t>> units;  // by rank: n_r (from BeginWindow or CompleteWindow)
+    std::vector<std::optional<v1::CompleteWindowRequest>> complete;  // by rank
+    bool has_any_report() const;
+  };
+
+  StepMachine(const MachineOptions& options, const v1::Job& job);
+
+  void Emit(v1::JournalRecord record, absl::Time now);
+  absl::Status CheckRunnable() const;
+  // OK iff the worker is rank `rank` of generation `generation`; ABORTED when that
+  // generation is gone (with the decision, if the window was decided in it).
+  absl::Status CheckMember(const std::string& worker_id, int64_t generation, int32_t rank) const;
+  const v1::WindowDecision* FindDecision(int64_t generation, int64_t window_id) const;
+  absl::StatusOr<Attempt*> AttemptFor(int64_t window_id);
+  absl::Status RecordUnits(Attempt* attempt, int32_t rank, int64_t units);
+  // The begin barrier of `attempt`: all ranks counted and the previous window ended.
+  bool BarrierReady(const Attempt& attempt) const;
+  v1::BeginWindowResponse BarrierResponse(const Attempt& attempt) const;
+  // Completes the decision's record (ids, scaler, checkpoint, stop) and journals it.
+  void EndWindow(v1::WindowDecision decision, absl::Time now);
+  void DecideWindow(const Attempt& attempt, absl::Time now);
+  void AbortInFlight(const std::string& reason, absl::Time now);
+  // Ends the next window at its barrier when it has nothing to train (N = 0).
+  void MaybeEndEmptyWindow(absl::Time now);
+  // Emits JobEnded(SUCCEEDED) once the stop condition holds and the final checkpoint is durable.
+  void MaybeFinish(absl::Time now);
+  void FailJob(const std::string& message, absl::Time now);
+  void MaybeFormGeneration(absl::Time now);
+  v1::UpdateRecord BaseRecord(int64_t window_id) const;
+  int64_t EpochOf(int64_t window_id) const;
+  int64_t TotalWindows() const;  // 0 = unknown
+  bool StopReachedAfter(int64_t window_id, int64_t update_id) const;
+  bool CheckpointingEnabled() const { return !job_.spec().checkpoint().dir().empty(); }
+  const v1::CheckpointRecord* LatestDurableCheckpoint() const;
+  std::optional<int64_t> PendingCheckpointFor(int64_t update_id) const;
+
+  void ApplyWindowEnded(const v1::WindowEnded& ended);
+  void ApplyGenerationFormed(const v1::GenerationFormed& formed, int64_t time_ms);
+
+  MachineOptions options_;
+  v1::Job job_;  // state, message, spec, times; progress is computed in Job()
+  LossScalerConfig scaler_config_;
+  LossScaler scaler_;
+  Membership membership_;
+
+  // Ids (DESIGN.md): last ended window, committed updates, scheduler steps, checkpoints.
+  int64_t last_window_ = 0;
+  int64_t update_id_ = 0;
+  int64_t scheduler_step_ = 0;
+  int64_t checkpoint_id_ = 0;       // latest assigned; 0 = the initial weights
+  int64_t next_checkpoint_id_ = 1;  // never reused, even after a rollback
+  int64_t cumulative_tokens_ = 0;
+  int64_t consecutive_desyncs_ = 0;
+  std::map<int64_t, v1::CheckpointRecord> checkpoints_;  // by id
+
+  std::optional<v1::DatasetInfo> dataset_;  // set once a worker's report was accepted
+  int64_t windows_per_epoch_ = 0;
+
+  std::vector<v1::UpdateRecord> updates_;
+  struct OutcomeCounts {  // derived from updates_, kept so Job() is O(1)
+    int64_t committed = 0, skipped = 0, aborted = 0;
+    double last_loss = 0.0;
+    void Add(const v1::UpdateRecord& r);
+  } counts_;
+  std::vector<v1::WindowDecision> recent_decisions_;  // oldest first
+
+  std::map<int64_t, Attempt> attempts_;  // windows of the current generation in flight
+  std::vector<v1::JournalRecord> outbox_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_COORDINATOR_STEP_MACHINE_H_

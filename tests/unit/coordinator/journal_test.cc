@@ -1,0 +1,626 @@
+#include "coordinator/journal.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/crc32c.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator/fault_injection_env.h"
+
+namespace trainstep {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr char kDir[] = "/j";
+
+std::string LogPath(int n) { return absl::StrFormat("/j/log-%06d", n); }
+std::string SnapshotPath(int n) { return absl::StrFormat("/j/snapshot-%06d", n); }
+
+// The on-disk framing, written independently of journal.cc so a shared bug cannot hide.
+std::string Frame(const std::string& payload) {
+  std::string out;
+  for (uint32_t v : {static_cast<uint32_t>(payload.size()), MaskCrc(Crc32c(payload))}) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  return out + payload;
+}
+
+std::unique_ptr<Journal> OpenOrDie(Env* env, RecoveredJournal* recovered,
+                                   JournalOptions options = {}) {
+  auto journal = Journal::Open(env, kDir, std::move(options), recovered);
+  EXPECT_TRUE(journal.ok()) << journal.status();
+  return journal.ok() ? *std::move(journal) : nullptr;
+}
+
+// Appends every record and syncs once.
+void AppendAll(Journal* journal, const std::vector<std::string>& records) {
+  uint64_t seq = 0;
+  for (const std::string& r : records) seq = journal->Append(r);
+  ASSERT_TRUE(journal->Sync(seq).ok());
+}
+
+class JournalTest : public ::testing::Test {
+ protected:
+  RecoveredJournal Reopen() {
+    RecoveredJournal recovered;
+    journal_.reset();
+    journal_ = OpenOrDie(&env_, &recovered);
+    return recovered;
+  }
+  std::vector<std::string> Files() { return *env_.ListDir(kDir); }
+
+  FaultInjectionEnv env_;
+  std::unique_ptr<Journal> journal_;
+};
+
+// Catches records lost, reordered or altered by a write/read round trip, and stray warnings.
+TEST_F(JournalTest, RoundTripAcrossReopen) {
+  RecoveredJournal first = Reopen();
+  EXPECT_FALSE(first.snapshot.has_value());
+  EXPECT_THAT(first.records, IsEmpty());
+  EXPECT_THAT(first.warnings, IsEmpty());
+  EXPECT_EQ(journal_->Append("a=1"), 1u);
+  EXPECT_EQ(journal_->Append(std::string("b=\0\xff", 4)), 2u);
+  EXPECT_EQ(journal_->Append("c=3"), 3u);
+  EXPECT_EQ(journal_->last_appended(), 3u);
+  ASSERT_TRUE(journal_->Sync(3).ok());
+  RecoveredJournal second = Reopen();
+  EXPECT_FALSE(second.snapshot.has_value());
+  EXPECT_THAT(second.records, ElementsAre("a=1", std::string("b=\0\xff", 4), "c=3"));
+  EXPECT_THAT(second.warnings, IsEmpty());
+  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));
+}
+
+// Catches Open truncating or rewriting the log instead of continuing after its last record.
+TEST_F(JournalTest, AppendAfterReopenContinuesTheLog) {
+  Reopen();
+  AppendAll(journal_.get(), {"a", "b"});
+  Reopen();
+  EXPECT_EQ(journal_->Append("c"), 1u);  // Sequence numbers are per Journal object.
+  ASSERT_TRUE(journal_->Sync(1).ok());
+  EXPECT_THAT(Reopen().records, ElementsAre("a", "b", "c"));
+  EXPECT_EQ(*env_.fs().Contents(LogPath(1)), Frame("a") + Frame("b") + Frame("c"));
+}
+
+// Catches unsynced records leaking to disk when a Journal is destroyed (they were never acked).
+TEST_F(JournalTest, UnsyncedRecordsAreNotWrittenOnClose) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  journal_->Append("never synced");
+  EXPECT_THAT(Reopen().records, ElementsAre("a"));
+}
+
+// Catches framing bugs that only appear with many records or many batches.
+TEST_F(JournalTest, ManyRecords) {
+  Reopen();
+  std::vector<std::string> expected;
+  for (int i = 0; i < 5000; ++i) {
+    expected.push_back(absl::StrCat("record-", i, std::string(i % 50, 'x')));
+    const uint64_t seq = journal_->Append(expected.back());
+    if (i % 97 == 0) {
+      ASSERT_TRUE(journal_->Sync(seq).ok());
+    }
+  }
+  ASSERT_TRUE(journal_->Sync(journal_->last_appended()).ok());
+  EXPECT_EQ(Reopen().records, expected);
+}
+
+// Catches empty records being skipped, merged, or mistaken for a zero-filled torn tail.
+TEST_F(JournalTest, EmptyRecordsRoundTrip) {
+  Reopen();
+  AppendAll(journal_.get(), {"", "x", "", ""});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_THAT(recovered.records, ElementsAre("", "x", "", ""));
+  EXPECT_THAT(recovered.warnings, IsEmpty());
+}
+
+// Catches size truncation in the length field or in partial-write handling for large payloads.
+TEST_F(JournalTest, MebibyteRecordsAndSnapshot) {
+  Reopen();
+  std::mt19937 rng(7);
+  std::vector<std::string> big(3, std::string(1 << 20, '\0'));
+  for (std::string& r : big) {
+    for (char& c : r) c = static_cast<char>(rng());
+  }
+  AppendAll(journal_.get(), big);
+  EXPECT_EQ(Reopen().records, big);
+  ASSERT_TRUE(journal_->WriteSnapshot(big[0]).ok());
+  AppendAll(journal_.get(), {big[1]});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, big[0]);
+  EXPECT_EQ(recovered.records, std::vector<std::string>{big[1]});
+}
+
+// Catches Sync(seq) for a never-appended seq hanging forever instead of failing.
+TEST_F(JournalTest, SyncBeyondLastAppendedIsInvalid) {
+  Reopen();
+  EXPECT_TRUE(journal_->Sync(0).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(journal_->Sync(1)));
+  journal_->Append("a");
+  EXPECT_TRUE(absl::IsInvalidArgument(journal_->Sync(2)));
+  EXPECT_TRUE(journal_->Sync(1).ok());
+}
+
+// Catches the snapshot not replacing the records it covers, or old files never deleted.
+TEST_F(JournalTest, SnapshotReplacesOlderRecordsAndFiles) {
+  Reopen();
+  AppendAll(journal_.get(), {"a=1", "b=2"});
+  journal_->Append("c=3");  // Pending: WriteSnapshot must sync it first.
+  EXPECT_EQ(journal_->records_since_snapshot(), 3u);
+  ASSERT_TRUE(journal_->WriteSnapshot("a=1,b=2,c=3").ok());
+  EXPECT_EQ(journal_->records_since_snapshot(), 0u);
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000002", "log-000002"));
+  AppendAll(journal_.get(), {"d=4"});
+  EXPECT_EQ(journal_->records_since_snapshot(), 1u);
+
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a=1,b=2,c=3");
+  EXPECT_THAT(recovered.records, ElementsAre("d=4"));
+  EXPECT_EQ(journal_->records_since_snapshot(), 1u);
+
+  ASSERT_TRUE(journal_->WriteSnapshot("second").ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000003", "log-000003"));
+  recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "second");
+  EXPECT_THAT(recovered.records, IsEmpty());
+}
+
+// Catches recovery reading a stale snapshot or pre-snapshot logs left by a crash before cleanup,
+// and catches temp files being taken for snapshots.
+TEST_F(JournalTest, IgnoresAndDeletesObsoleteAndTempFiles) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  auto put = [&](const std::string& path, const std::string& data) {
+    auto f = env_.NewWritableFile(path);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE((*f)->Append(data).ok());
+  };
+  put(SnapshotPath(2), Frame("old snapshot"));
+  put(LogPath(2), Frame("old record"));
+  put(SnapshotPath(3), Frame("new snapshot"));
+  put(LogPath(3), Frame("new record"));
+  put(SnapshotPath(4) + ".tmp", "half a snap");
+  put("/j/notes.txt", "not ours");
+  put("/j/log-03", Frame("not canonical"));
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "new snapshot");
+  EXPECT_THAT(recovered.records, ElementsAre("new record"));
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000003", "log-000003", "notes.txt", "log-03"));
+}
+
+// Catches a snapshot whose log was never created (crash right after the rename) being unusable.
+TEST_F(JournalTest, SnapshotWithoutItsLogStartsThatLog) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(SnapshotPath(5)).ok());
+  env_.fs().SetContents(SnapshotPath(5), Frame("state"));
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "state");
+  AppendAll(journal_.get(), {"x"});
+  EXPECT_EQ(*env_.fs().Contents(LogPath(5)), Frame("x"));
+}
+
+// Catches recovery skipping over a missing log, which would silently lose its records.
+TEST_F(JournalTest, MissingLogRefusesToOpen) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(2)).ok());
+  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
+  EXPECT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("log-000001 is missing"));
+}
+
+// Catches bit rot in the middle being treated as a torn tail (dropping acknowledged records).
+TEST_F(JournalTest, CorruptionInTheMiddleRefusesToOpen) {
+  Reopen();
+  AppendAll(journal_.get(), {"first", "second", "third"});
+  journal_.reset();
+  const size_t second_at = Frame("first").size();
+  env_.fs().CorruptByte(LogPath(1), second_at + 8 + 2);
+  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
+  ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+  const std::string message(journal.status().message());
+  EXPECT_THAT(message, HasSubstr(LogPath(1)));
+  EXPECT_THAT(message, HasSubstr(absl::StrCat("offset ", second_at)));
+  EXPECT_THAT(message, HasSubstr("checksum mismatch"));
+  EXPECT_THAT(message, HasSubstr("repaired or restored by hand"));
+  EXPECT_EQ(env_.fs().Contents(LogPath(1))->size(), 3 * 8 + 16u);  // Left untouched.
+}
+
+// Catches a corrupt snapshot being ignored in favour of an empty state.
+TEST_F(JournalTest, CorruptSnapshotRefusesToOpen) {
+  Reopen();
+  ASSERT_TRUE(journal_->WriteSnapshot("state").ok());
+  journal_.reset();
+  env_.fs().CorruptByte(SnapshotPath(2), 9);
+  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
+  ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr(SnapshotPath(2)));
+  // A snapshot is never torn (it is fsynced before its rename), so truncation is corruption too.
+  env_.fs().SetContents(SnapshotPath(2), Frame("state").substr(0, 10));
+  EXPECT_TRUE(absl::IsDataLoss(Journal::Open(&env_, kDir, {}, nullptr).status()));
+}
+
+// Catches a torn record in an older log being dropped; only the newest log may have a torn tail.
+TEST_F(JournalTest, TornRecordInOlderLogRefusesToOpen) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(2)).ok());
+  env_.fs().SetContents(LogPath(1), Frame("a") + Frame("b").substr(0, 5));
+  env_.fs().SetContents(LogPath(2), Frame("c"));
+  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
+  ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr(LogPath(1)));
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("offset 9"));
+  env_.fs().SetContents(LogPath(1), Frame("a") + Frame("b"));
+  EXPECT_THAT(Reopen().records, ElementsAre("a", "b", "c"));
+}
+
+// Catches each kind of torn tail either refusing to open or not being truncated away, which
+// would make the next append land after garbage.
+TEST_F(JournalTest, TornTailIsDroppedWithWarningAndTruncated) {
+  const std::string intact = Frame("a=1") + Frame("b=2");
+  const std::string next = Frame("c=3");
+  const std::string zeros(20, '\0');
+  struct Case {
+    const char* name;
+    std::string tail;
+    const char* reason;
+  };
+  const std::vector<Case> cases = {
+      {"partial header", next.substr(0, 5), "incomplete record header"},
+      {"length past EOF", next.substr(0, next.size() - 1), "runs past end of file"},
+      {"zero fill", zeros, "only zero bytes"},
+      {"short zero fill", zeros.substr(0, 3), "only zero bytes"},
+      {"bad checksum at EOF", next.substr(0, 8) + std::string(next.size() - 8, '\0'),
+       "checksum mismatch"},
+      {"bad checksum then zeros", next.substr(0, 8) + "xyz" + zeros, "checksum mismatch"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FaultInjectionEnv env;
+    ASSERT_TRUE(env.CreateDirs(kDir).ok());
+    ASSERT_TRUE(env.NewWritableFile(LogPath(1)).ok());
+    env.fs().SetContents(LogPath(1), intact + c.tail);
+    RecoveredJournal recovered;
+    std::unique_ptr<Journal> journal = OpenOrDie(&env, &recovered);
+    ASSERT_NE(journal, nullptr);
+    EXPECT_THAT(recovered.records, ElementsAre("a=1", "b=2"));
+    ASSERT_EQ(recovered.warnings.size(), 1u);
+    EXPECT_THAT(recovered.warnings[0],
+                HasSubstr(absl::StrCat("dropped torn record at ", LogPath(1), " offset ",
+                                       intact.size(), " (", c.tail.size(), " bytes)")));
+    EXPECT_THAT(recovered.warnings[0], HasSubstr(c.reason));
+    EXPECT_EQ(env.fs().SyncedContents(LogPath(1)), intact);  // Truncated durably.
+    AppendAll(journal.get(), {"d=4"});
+    journal.reset();
+    journal = OpenOrDie(&env, &recovered);
+    EXPECT_THAT(recovered.records, ElementsAre("a=1", "b=2", "d=4"));
+    EXPECT_THAT(recovered.warnings, IsEmpty());
+  }
+}
+
+// Catches a checksum mismatch followed by real data being dropped as a tail: that would lose
+// the acknowledged records after it.
+TEST_F(JournalTest, BadChecksumWithDataAfterItRefusesToOpen) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
+  std::string bad = Frame("b=2");
+  bad[9] ^= 1;
+  env_.fs().SetContents(LogPath(1), Frame("a=1") + bad + std::string(4, '\0') + "x");
+  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
+  ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("offset 11"));
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("with more data after it"));
+}
+
+// Catches a failed fsync being reported as success, or the journal carrying on after it
+// (fsync failure leaves the page cache state unknown: retrying can report false durability).
+TEST_F(JournalTest, FsyncFailureBreaksTheJournal) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kSync, absl::DataLossError("fsync /j/log-000001: Input/output error"));
+  const uint64_t seq = journal_->Append("b");
+  absl::Status s = journal_->Sync(seq);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Input/output error"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+  EXPECT_EQ(journal_->Sync(seq).code(), s.code());  // Retrying does not pretend success.
+  const int syncs = env_.count(FsOp::kSync);
+  EXPECT_FALSE(journal_->Sync(journal_->Append("c")).ok());
+  EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
+  EXPECT_EQ(env_.count(FsOp::kSync), syncs);  // Nothing more was attempted.
+}
+
+// Catches a failed write being followed by an fsync that then "acknowledges" missing records.
+TEST_F(JournalTest, WriteFailureBreaksTheJournal) {
+  Reopen();
+  env_.FailNext(FsOp::kAppend, absl::ResourceExhaustedError("write /j/log-000001: No space left"));
+  absl::Status s = journal_->Sync(journal_->Append("a"));
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_EQ(env_.count(FsOp::kSync), 0);
+  EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
+}
+
+// Catches a snapshot failure before the rename wrongly breaking the journal or leaving a
+// half-written snapshot behind.
+TEST_F(JournalTest, SnapshotFailureBeforeRenameKeepsJournalUsable) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kSync, absl::InternalError("fsync of temp failed"));
+  EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));
+  AppendAll(journal_.get(), {"b"});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_FALSE(recovered.snapshot.has_value());
+  EXPECT_THAT(recovered.records, ElementsAre("a", "b"));
+}
+
+// Catches the journal appending to the old log after a failure past the rename: recovery would
+// then prefer the new snapshot and drop those records.
+TEST_F(JournalTest, SnapshotFailureAfterRenameBreaksJournal) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kSyncDir, absl::InternalError("fsync dir failed"));
+  EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
+  EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
+}
+
+// Catches the metrics hook never firing, firing per record instead of per fsync, or reporting
+// a negative latency.
+TEST_F(JournalTest, OnFsyncHookReportsEachGroupCommit) {
+  std::vector<double> seconds;
+  JournalOptions options;
+  options.on_fsync = [&seconds](double s) { seconds.push_back(s); };
+  RecoveredJournal recovered;
+  journal_ = OpenOrDie(&env_, &recovered, options);
+  AppendAll(journal_.get(), {"a", "b", "c"});
+  AppendAll(journal_.get(), {"d"});
+  ASSERT_EQ(seconds.size(), 2u);
+  for (double s : seconds) EXPECT_GE(s, 0.0);
+}
+
+// Catches group commit degenerating to one fsync per record, or a Sync returning before its
+// record is durable. The first fsync is held open until every thread has appended, so the
+// grouping is deterministic.
+TEST_F(JournalTest, GroupCommitSharesFsyncs) {
+  Reopen();
+  constexpr int kThreads = 8;
+  absl::Notification all_appended;
+  std::atomic<int> appended{0};
+  std::atomic<bool> first_sync{true};
+  env_.SetSyncHook([&] {
+    if (first_sync.exchange(false)) all_appended.WaitForNotification();
+  });
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string record = absl::StrCat("thread-", t);
+      const uint64_t seq = journal_->Append(record);
+      if (++appended == kThreads) all_appended.Notify();
+      results[t] = journal_->Sync(seq);
+      // Durable means in the synced prefix, not just written.
+      if (results[t].ok() &&
+          env_.fs().SyncedContents(LogPath(1)).find(Frame(record)) == std::string::npos) {
+        results[t] = absl::InternalError(record + " acknowledged before it was durable");
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_LE(env_.count(FsOp::kSync), 2);
+  EXPECT_EQ(env_.count(FsOp::kAppend), env_.count(FsOp::kSync));  // One write per fsync.
+  EXPECT_EQ(Reopen().records.size(), static_cast<size_t>(kThreads));
+}
+
+// Catches races between concurrent Append and Sync (lost, duplicated or early-acked records).
+TEST_F(JournalTest, ConcurrentAppendAndSyncStress) {
+  Reopen();
+  constexpr int kThreads = 6;
+  constexpr int kPerThread = 200;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string record = absl::StrCat(t, ":", i);
+        if (!journal_->Sync(journal_->Append(record)).ok() ||
+            env_.fs().SyncedContents(LogPath(1)).find(Frame(record)) == std::string::npos) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(env_.count(FsOp::kSync), kThreads * kPerThread);
+  std::vector<std::string> records = Reopen().records;
+  ASSERT_EQ(records.size(), static_cast<size_t>(kThreads * kPerThread));
+  std::map<int, int> next;  // Per thread, records must appear in the order appended.
+  for (const std::string& r : records) {
+    std::vector<std::string> parts = absl::StrSplit(r, ':');
+    ASSERT_EQ(parts.size(), 2u);
+    EXPECT_EQ(std::stoi(parts[1]), next[std::stoi(parts[0])]++) << r;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The crash test: one recorded workload, crashed after every step it took.
+
+// The tiny state machine: a record "k=v" sets k to v; an empty record does nothing.
+using State = std::map<std::string, std::string>;
+
+void ApplyRecord(State* state, const std::string& record) {
+  if (record.empty()) return;
+  const size_t eq = record.find('=');
+  ASSERT_NE(eq, std::string::npos) << record;
+  (*state)[record.substr(0, eq)] = record.substr(eq + 1);
+}
+
+std::string EncodeState(const State& state) {
+  std::string out;
+  for (const auto& [k, v] : state) absl::StrAppend(&out, k, "=", v, "\n");
+  return out;
+}
+
+State DecodeState(const std::string& snapshot) {
+  State state;
+  for (absl::string_view line : absl::StrSplit(snapshot, '\n', absl::SkipEmpty())) {
+    ApplyRecord(&state, std::string(line));
+  }
+  return state;
+}
+
+struct Workload {
+  std::vector<std::string> records;
+  size_t snapshot_covers = 0;  // The snapshot is the state after this many records.
+  std::string snapshot;
+  // (crash steps taken when a Sync/WriteSnapshot returned, records acknowledged by then).
+  std::vector<std::pair<size_t, size_t>> acks;
+};
+
+// ~40 records of 0..~250 bytes, synced in groups of 1-4, with a snapshot (that itself syncs
+// three pending records) in the middle.
+Workload RunWorkload(FaultInjectionEnv* env) {
+  Workload w;
+  RecoveredJournal recovered;
+  std::unique_ptr<Journal> journal = OpenOrDie(env, &recovered);
+  if (journal == nullptr) return w;
+  std::mt19937 rng(2024);
+  State state;
+  size_t group = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    std::string record =
+        i == 7 ? "" : absl::StrCat("k", i % 6, "=", i, std::string((i * 53) % 251, 'a' + i % 26));
+    ApplyRecord(&state, record);
+    w.records.push_back(record);
+    journal->Append(std::move(record));
+    if (i + 1 == 20) {
+      w.snapshot_covers = 20;
+      w.snapshot = EncodeState(state);
+      EXPECT_TRUE(journal->WriteSnapshot(w.snapshot).ok());
+      w.acks.emplace_back(env->TotalSteps(), w.records.size());
+      group = 0;
+    } else if (i + 1 >= 18 && i + 1 < 20) {
+      // Left pending: WriteSnapshot must sync them before the snapshot.
+    } else if (++group >= 1 + rng() % 4 || i + 1 == 40) {
+      EXPECT_TRUE(journal->Sync(journal->last_appended()).ok());
+      w.acks.emplace_back(env->TotalSteps(), w.records.size());
+      group = 0;
+    }
+  }
+  return w;
+}
+
+struct CrashStats {
+  int with_snapshot = 0;
+  int with_warning = 0;
+  int max_recovered = 0;
+};
+
+// Crashes a copy of `env` after `steps`, recovers, checks the recovered state, then appends and
+// recovers again. Fatal failures are left for the caller to detect.
+void CheckCrashAt(const FaultInjectionEnv& env, const Workload& w, size_t steps, CrashMode mode,
+                  CrashStats* stats) {
+  std::unique_ptr<FaultInjectionEnv> crashed = env.Fork();
+  crashed->CrashAfter(steps, mode);
+
+  size_t acked = 0;
+  for (const auto& [at, count] : w.acks) {
+    if (at <= steps) acked = count;
+  }
+  RecoveredJournal recovered;
+  auto journal = Journal::Open(crashed.get(), kDir, {}, &recovered);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+
+  // The recovery must be exactly [snapshot] + records[base, prefix): nothing reordered,
+  // nothing half-applied, nothing from outside the workload.
+  size_t base = 0;
+  State state;
+  if (recovered.snapshot.has_value()) {
+    ASSERT_EQ(*recovered.snapshot, w.snapshot);
+    base = w.snapshot_covers;
+    state = DecodeState(*recovered.snapshot);
+    ++stats->with_snapshot;
+  }
+  const size_t prefix = base + recovered.records.size();
+  ASSERT_LE(prefix, w.records.size());
+  for (size_t i = 0; i < recovered.records.size(); ++i) {
+    ASSERT_EQ(recovered.records[i], w.records[base + i]) << "record " << base + i;
+  }
+  ASSERT_GE(prefix, acked) << "acknowledged records lost";
+  for (const std::string& r : recovered.records) ApplyRecord(&state, r);
+  State expected;
+  for (size_t i = 0; i < prefix; ++i) ApplyRecord(&expected, w.records[i]);
+  ASSERT_EQ(state, expected);
+  if (!recovered.warnings.empty()) ++stats->with_warning;
+  stats->max_recovered = std::max<int>(stats->max_recovered, prefix);
+
+  // Appending after the recovered (maybe truncated) tail must produce a clean journal.
+  const uint64_t seq = (*journal)->Append("after=1");
+  (*journal)->Append("after=2");
+  ASSERT_TRUE((*journal)->Sync(seq + 1).ok());
+  journal->reset();
+  RecoveredJournal again;
+  auto reopened = Journal::Open(crashed.get(), kDir, {}, &again);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_THAT(again.warnings, IsEmpty());
+  EXPECT_EQ(again.snapshot, recovered.snapshot);
+  std::vector<std::string> expected_records = recovered.records;
+  expected_records.push_back("after=1");
+  expected_records.push_back("after=2");
+  ASSERT_EQ(again.records, expected_records);
+}
+
+class JournalCrashTest : public ::testing::TestWithParam<CrashMode> {};
+
+// Catches any crash point (mid-write, mid-snapshot, between rename and deletions, between a
+// write and its fsync) where recovery fails, loses an acknowledged record, yields a state that
+// no prefix of the workload produces, or leaves a tail that breaks later appends.
+TEST_P(JournalCrashTest, EveryCrashPointRecoversAnAcknowledgedPrefix) {
+  FaultInjectionEnv env;
+  const Workload w = RunWorkload(&env);
+  ASSERT_FALSE(HasFailure());
+  const size_t total = env.TotalSteps();
+  RecordProperty("crash_points", static_cast<int>(total + 1));
+  CrashStats stats;
+  for (size_t steps = 0; steps <= total; ++steps) {
+    CheckCrashAt(env, w, steps, GetParam(), &stats);
+    if (HasFailure()) {
+      ADD_FAILURE() << "first failure after crash step " << steps << " of " << total;
+      return;
+    }
+  }
+  // Guards the test itself: the cut points must cover the snapshot and the whole workload.
+  EXPECT_GT(stats.with_snapshot, 0);
+  EXPECT_EQ(stats.max_recovered, 40);
+  if (GetParam() == CrashMode::kKeepUnsynced) {
+    EXPECT_GT(stats.with_warning, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, JournalCrashTest,
+                         ::testing::Values(CrashMode::kKeepUnsynced, CrashMode::kDropUnsynced,
+                                           CrashMode::kZeroUnsynced),
+                         [](const ::testing::TestParamInfo<CrashMode>& info) {
+                           return std::string(CrashModeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace trainstep
