@@ -15,9 +15,7 @@ inline uint32_t Crc32c(std::string_view data) { return Crc32cExtend(0, data); }
 // A CRC of bytes that themselves embed CRCs is weak, so stored CRCs are masked (as in LevelDB).
 inline constexpr uint32_t kCrc32cMaskDelta = 0xa282ead8u;
 
-inline uint32_t MaskCrc(uint32_t crc) {
-  return ((crc >> 15) | (crc << 17)) + kCrc32cMaskDelta;
-}
+inline uint32_t MaskCrc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + kCrc32cMaskDelta; }
 
 inline uint32_t UnmaskCrc(uint32_t masked) {
   const uint32_t rot = masked - kCrc32cMaskDelta;

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,8 +74,7 @@ class PosixWritableFile : public WritableFile {
 
 class PosixEnv : public Env {
  public:
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return Open(path, O_WRONLY | O_CREAT | O_TRUNC);
   }
 
@@ -139,7 +137,7 @@ class PosixEnv : public Env {
   absl::Status CreateDirs(const std::string& dir) override {
     if (dir.empty()) return absl::InvalidArgumentError("CreateDirs: empty path");
     // Create each prefix ending before a '/', then the whole path.
-    for (size_t pos = dir.find('/', 1); ; pos = dir.find('/', pos + 1)) {
+    for (size_t pos = dir.find('/', 1);; pos = dir.find('/', pos + 1)) {
       const std::string prefix = dir.substr(0, pos);
       if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
         return PosixError("mkdir", prefix);
@@ -162,9 +160,7 @@ class PosixEnv : public Env {
     return s;
   }
 
-  bool FileExists(const std::string& path) override {
-    return ::access(path.c_str(), F_OK) == 0;
-  }
+  bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
 
   absl::Status TruncateFile(const std::string& path, uint64_t size) override {
     if (::truncate(path.c_str(), static_cast<off_t>(size)) != 0) {

@@ -62,8 +62,7 @@ class EnvWrapper : public Env {
   explicit EnvWrapper(Env* target) : target_(target) {}
   Env* target() const { return target_; }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return target_->NewWritableFile(path);
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
@@ -76,9 +75,7 @@ class EnvWrapper : public Env {
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     return target_->RenameFile(from, to);
   }
-  absl::Status DeleteFile(const std::string& path) override {
-    return target_->DeleteFile(path);
-  }
+  absl::Status DeleteFile(const std::string& path) override { return target_->DeleteFile(path); }
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
     return target_->ListDir(dir);
   }

@@ -59,8 +59,8 @@ bool IsSnapshotTemp(std::string_view name) {
 }
 
 void PutFixed32(std::string* out, uint32_t v) {
-  const char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8),
-                     static_cast<char>(v >> 16), static_cast<char>(v >> 24)};
+  const char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 24)};
   out->append(b, 4);
 }
 
@@ -70,10 +70,11 @@ uint32_t GetFixed32(const char* p) {
          (static_cast<uint32_t>(u[2]) << 16) | (static_cast<uint32_t>(u[3]) << 24);
 }
 
-void AppendFramed(std::string* out, std::string_view payload) {
-  PutFixed32(out, static_cast<uint32_t>(payload.size()));
-  PutFixed32(out, MaskCrc(Crc32c(payload)));
-  out->append(payload);
+std::string FrameHeader(std::string_view payload) {
+  std::string header;
+  PutFixed32(&header, static_cast<uint32_t>(payload.size()));
+  PutFixed32(&header, MaskCrc(Crc32c(payload)));
+  return header;
 }
 
 bool AllZero(std::string_view s) {
@@ -112,8 +113,8 @@ absl::StatusOr<ScanResult> ScanRecords(std::string_view data, const std::string&
       const uint32_t length = GetFixed32(data.data() + off);
       const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
       if (length > left - kHeaderSize) {
-        problem = absl::StrFormat("record length %d runs past end of file (%d bytes left)",
-                                  length, left - kHeaderSize);
+        problem = absl::StrFormat("record length %d runs past end of file (%d bytes left)", length,
+                                  left - kHeaderSize);
         torn = true;
       } else {
         const std::string_view payload = data.substr(off + kHeaderSize, length);
@@ -134,7 +135,9 @@ absl::StatusOr<ScanResult> ScanRecords(std::string_view data, const std::string&
     }
     if (!torn) return Corrupt(path, off, problem);
     if (!tail_may_be_torn) {
-      return Corrupt(path, off, absl::StrCat("torn record (", problem, ") in a log that is not the newest"));
+      return Corrupt(path, off,
+                     absl::StrCat("torn record (", problem,
+                                  ") where none may be: only the newest log may end torn"));
     }
     result.intact_bytes = off;
     result.tail_problem = std::move(problem);
@@ -256,17 +259,23 @@ Journal::~Journal() {
 }
 
 uint64_t Journal::Append(std::string record) {
+  const bool too_big = record.size() > std::numeric_limits<uint32_t>::max();
+  // The CRC pass is the costly part; keep it out of the lock every appender contends on.
+  const std::string header = too_big ? "" : FrameHeader(record);
   absl::MutexLock lock(&mu_);
   ++records_since_snapshot_;
-  if (!broken_.ok()) return ++last_appended_;
-  if (record.size() > std::numeric_limits<uint32_t>::max()) {
+  const uint64_t seq = ++last_appended_;
+  if (too_big && broken_.ok()) {
     broken_ = absl::InvalidArgumentError(absl::StrFormat(
-        "journal %s: record %d of %d bytes exceeds the 4 GiB frame limit; journal is broken",
-        dir_, last_appended_ + 1, record.size()));
-    return ++last_appended_;
+        "journal %s: record %d of %d bytes exceeds the 4 GiB frame limit; journal is broken", dir_,
+        seq, record.size()));
   }
-  AppendFramed(&pending_, record);
-  return ++last_appended_;
+  // Once broken nothing is written again, so there is no point queueing.
+  if (broken_.ok()) {
+    pending_.append(header);
+    pending_.append(record);
+  }
+  return seq;
 }
 
 absl::Status Journal::Sync(uint64_t seq) {
@@ -350,10 +359,11 @@ absl::Status Journal::WritePending() {
 absl::Status Journal::Break(const absl::Status& cause) {
   absl::MutexLock lock(&mu_);
   if (broken_.ok()) {
-    broken_ = absl::Status(
-        cause.code(),
-        absl::StrCat("journal ", dir_, " is broken after an I/O failure and accepts no more "
-                     "writes; the coordinator must stop: ", cause.message()));
+    broken_ = absl::Status(cause.code(),
+                           absl::StrCat("journal ", dir_,
+                                        " is broken after an I/O failure and accepts no more "
+                                        "writes; the coordinator must stop: ",
+                                        cause.message()));
   }
   return broken_;
 }
@@ -369,15 +379,15 @@ absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
   const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
 
   // Until the rename, the old snapshot and log stay authoritative: a failure costs nothing.
-  std::string framed;
-  framed.reserve(kHeaderSize + snapshot.size());
-  AppendFramed(&framed, snapshot);
+  std::string framed = FrameHeader(snapshot);
+  framed.append(snapshot);
   absl::Status s;
   {
     absl::StatusOr<std::unique_ptr<WritableFile>> temp = env_->NewWritableFile(temp_path);
     s = temp.status();
     if (s.ok()) s = (*temp)->Append(framed);
-    if (s.ok()) s = (*temp)->Sync();  // Data before name, or a crash could expose an empty snapshot.
+    if (s.ok())
+      s = (*temp)->Sync();  // Data before name, or a crash could expose an empty snapshot.
     if (s.ok()) s = (*temp)->Close();
   }
   if (!s.ok()) {

@@ -27,25 +27,28 @@
 namespace trainstep {
 
 struct JournalOptions {
-  // Metrics hook, called with the latency of each group-commit write+fsync of the log, from the
-  // syncing thread with no journal lock held. May be empty.
+  // Metrics hook: the latency of each successful group-commit write+fsync done by Sync, called
+  // from the syncing thread with no journal lock held. May be empty.
   std::function<void(double seconds)> on_fsync;
 };
 
 struct RecoveredJournal {
   std::optional<std::string> snapshot;  // Newest snapshot's bytes, if any.
   std::vector<std::string> records;     // Every intact record after it, in order.
-  std::vector<std::string> warnings;    // E.g. "dropped torn record at log-000003 offset 4096 (12 bytes)".
+  // E.g. "dropped torn record at /dir/log-000003 offset 4096 (12 bytes): <reason>".
+  std::vector<std::string> warnings;
 };
 
 // Owns the journal directory while open (one Journal per directory). Thread-safe, except that
 // WriteSnapshot must not race with Append (see there).
 class Journal {
  public:
-  // Creates `dir` if needed and recovers it into `*recovered`. A torn tail of the newest log
-  // (crash mid-write) is dropped with a warning and the file truncated so appends continue after
-  // the last intact record. Any other damage returns DataLossError naming the file, the offset and
-  // the problem: the journal must then be repaired or restored by hand.
+  // Creates `dir` if needed and recovers it into `*recovered` (may be null). A torn tail of the
+  // newest log, i.e. damage a crash mid-write explains (an incomplete header, a length past EOF,
+  // or a bad record followed by nothing but zero bytes), is dropped with a warning and the file
+  // truncated durably so appends continue after the last intact record. Any other damage returns
+  // DataLossError naming the file, the offset and the problem: the journal must then be repaired
+  // or restored by hand. One Journal per directory at a time (not enforced).
   static absl::StatusOr<std::unique_ptr<Journal>> Open(Env* env, std::string dir,
                                                        JournalOptions options,
                                                        RecoveredJournal* recovered);

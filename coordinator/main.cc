@@ -1,7 +1,4 @@
 // trainstep-coordinator: flags → objects → servers. Nothing testable lives here.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -15,14 +12,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/event_log.h"
-#include "coordinator/job_service.h"
 #include "coordinator/prometheus_metrics.h"
-#include "coordinator/worker_service.h"
+#include "coordinator/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "gRPC address (host:port; port 0 picks a free one, see --port-file)");
@@ -112,22 +107,11 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Coordinator> coordinator = std::move(*opened);
   for (const std::string& w : coordinator->recovery_warnings()) LogWarning(w);
 
-  WorkerServiceImpl worker_service(coordinator.get());
-  JobServiceImpl job_service(coordinator.get());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&worker_service);
-  builder.RegisterService(&job_service);
-  // Long-lived worker channels ping every 30 s; accept pings down to 10 s without calls.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", listen, " (in use, or not host:port?)"));
-  }
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
+      CoordinatorServer::Start(coordinator.get(), listen);
+  if (!started.ok()) return Fail(std::string(started.status().message()));
+  std::unique_ptr<CoordinatorServer> server = std::move(*started);
+  const int port = server->port();
   const std::string host = listen.substr(0, listen.rfind(':'));
   const int metrics_port = prometheus ? prometheus->port() : 0;
   LogInfo(absl::StrCat("trainstep-coordinator listening on ", host, ":", port, " (state in ",
@@ -145,28 +129,22 @@ int Main(int argc, char** argv) {
     std::rename(tmp.c_str(), path.c_str());
   }
 
-  absl::Notification stop;
-  std::thread driver([&] {
-    while (!stop.HasBeenNotified()) {
-      const absl::Time next = coordinator->Tick();
-      if (!coordinator->healthy()) {
-        LogError("the journal cannot be written; stopping (nothing unacknowledged was answered)");
-        kill(getpid(), SIGTERM);
+  // The journal failing is fatal: nothing more can be made durable. Watch for it.
+  std::thread watchdog([&coordinator, &signals] {
+    while (coordinator->healthy()) {
+      timespec timeout{1, 0};
+      siginfo_t info;
+      if (sigtimedwait(&signals, &info, &timeout) > 0) {
+        LogInfo(absl::StrCat("received ", info.si_signo == SIGTERM ? "SIGTERM" : "SIGINT",
+                             "; draining"));
         return;
       }
-      stop.WaitForNotificationWithDeadline(std::min(next, absl::Now() + absl::Seconds(1)));
     }
+    LogError("the journal cannot be written; stopping (nothing unacknowledged was answered)");
   });
-
-  int signal = 0;
-  sigwait(&signals, &signal);
-  LogInfo(absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", "; draining"));
-  server->GetHealthCheckService()->SetServingStatus(false);
-  coordinator->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
-  stop.Notify();
-  driver.join();
+  watchdog.join();
+  server->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  server.reset();
   const bool healthy = coordinator->healthy();
   coordinator.reset();  // flushes the journal
   LogInfo("stopped");

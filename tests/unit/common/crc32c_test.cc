@@ -67,7 +67,8 @@ TEST(Crc32cTest, MaskRoundTripsAndChangesValue) {
   EXPECT_NE(MaskCrc(MaskCrc(crc)), crc);
   EXPECT_EQ(UnmaskCrc(MaskCrc(crc)), crc);
   EXPECT_EQ(UnmaskCrc(UnmaskCrc(MaskCrc(MaskCrc(crc)))), crc);
-  for (uint32_t v : {0u, 1u, 0x80000000u, 0xffffffffu, 0xE3069283u}) EXPECT_EQ(UnmaskCrc(MaskCrc(v)), v);
+  for (uint32_t v : {0u, 1u, 0x80000000u, 0xffffffffu, 0xE3069283u})
+    EXPECT_EQ(UnmaskCrc(MaskCrc(v)), v);
 }
 
 }  // namespace

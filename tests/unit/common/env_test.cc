@@ -97,8 +97,8 @@ TEST_F(PosixEnvTest, ErrorsNamePathAndReason) {
 TEST_F(PosixEnvTest, PermissionDenied) {
   if (geteuid() == 0) GTEST_SKIP() << "root ignores file permissions";
   ASSERT_TRUE(env_->CreateDirs(Path("ro")).ok());
-  std::filesystem::permissions(Path("ro"), std::filesystem::perms::owner_read |
-                                               std::filesystem::perms::owner_exec);
+  std::filesystem::permissions(
+      Path("ro"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
   auto file = env_->NewWritableFile(Path("ro/f"));
   EXPECT_TRUE(absl::IsPermissionDenied(file.status())) << file.status();
   std::filesystem::permissions(Path("ro"), std::filesystem::perms::owner_all);

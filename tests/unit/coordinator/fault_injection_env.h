@@ -38,9 +38,12 @@ enum class CrashMode {
 
 inline const char* CrashModeName(CrashMode mode) {
   switch (mode) {
-    case CrashMode::kKeepUnsynced: return "KeepUnsynced";
-    case CrashMode::kDropUnsynced: return "DropUnsynced";
-    case CrashMode::kZeroUnsynced: return "ZeroUnsynced";
+    case CrashMode::kKeepUnsynced:
+      return "KeepUnsynced";
+    case CrashMode::kDropUnsynced:
+      return "DropUnsynced";
+    case CrashMode::kZeroUnsynced:
+      return "ZeroUnsynced";
   }
   return "Unknown";
 }
@@ -111,8 +114,7 @@ class InMemoryEnv : public Env {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     if (absl::Status s = CreateFile(path, /*truncate=*/true); !s.ok()) return s;
     return std::unique_ptr<WritableFile>(new File(this, path));
   }
@@ -157,7 +159,9 @@ class InMemoryEnv : public Env {
     absl::MutexLock lock(&mu_);
     for (size_t pos = dir.find('/', 1);; pos = dir.find('/', pos + 1)) {
       const std::string prefix = dir.substr(0, pos);
-      if (live_.count(prefix) != 0) return absl::FailedPreconditionError("not a directory: " + prefix);
+      if (live_.count(prefix) != 0) {
+        return absl::FailedPreconditionError("not a directory: " + prefix);
+      }
       dirs_.insert(prefix);
       if (pos == std::string::npos) break;
     }
@@ -275,14 +279,24 @@ class InMemoryEnv : public Env {
 // One successful change to the file system, replayable. A write of n bytes is n crash steps
 // (a crash may keep any prefix of it); every other change is one.
 struct FsOp {
-  enum Kind { kCreate, kOpenAppend, kAppend, kSync, kRename, kDelete, kTruncate, kSyncDir, kMkdirs };
+  enum Kind {
+    kCreate,
+    kOpenAppend,
+    kAppend,
+    kSync,
+    kRename,
+    kDelete,
+    kTruncate,
+    kSyncDir,
+    kMkdirs
+  };
 
   FsOp(Kind kind, std::string path, std::string arg = "", uint64_t size = 0)
       : kind(kind), path(std::move(path)), arg(std::move(arg)), size(size) {}
 
   Kind kind;
   std::string path;
-  std::string arg;  // kAppend: the bytes; kRename: the new path.
+  std::string arg;    // kAppend: the bytes; kRename: the new path.
   uint64_t size = 0;  // kTruncate: the new size.
 
   size_t steps() const { return kind == kAppend ? arg.size() : 1; }
@@ -357,8 +371,7 @@ class FaultInjectionEnv : public EnvWrapper {
     return copy;
   }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return Open(FsOp::kCreate, path);
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
@@ -412,15 +425,24 @@ class FaultInjectionEnv : public EnvWrapper {
   // Applies the first `steps` steps of `op` (all of it unless it is a write cut short).
   static absl::Status Apply(InMemoryEnv* fs, const FsOp& op, size_t steps) {
     switch (op.kind) {
-      case FsOp::kCreate: return fs->CreateFile(op.path, /*truncate=*/true);
-      case FsOp::kOpenAppend: return fs->CreateFile(op.path, /*truncate=*/false);
-      case FsOp::kAppend: return fs->AppendToFile(op.path, std::string_view(op.arg).substr(0, steps));
-      case FsOp::kSync: return fs->SyncFile(op.path);
-      case FsOp::kRename: return fs->RenameFile(op.path, op.arg);
-      case FsOp::kDelete: return fs->DeleteFile(op.path);
-      case FsOp::kTruncate: return fs->TruncateFile(op.path, op.size);
-      case FsOp::kSyncDir: return fs->SyncDir(op.path);
-      case FsOp::kMkdirs: return fs->CreateDirs(op.path);
+      case FsOp::kCreate:
+        return fs->CreateFile(op.path, /*truncate=*/true);
+      case FsOp::kOpenAppend:
+        return fs->CreateFile(op.path, /*truncate=*/false);
+      case FsOp::kAppend:
+        return fs->AppendToFile(op.path, std::string_view(op.arg).substr(0, steps));
+      case FsOp::kSync:
+        return fs->SyncFile(op.path);
+      case FsOp::kRename:
+        return fs->RenameFile(op.path, op.arg);
+      case FsOp::kDelete:
+        return fs->DeleteFile(op.path);
+      case FsOp::kTruncate:
+        return fs->TruncateFile(op.path, op.size);
+      case FsOp::kSyncDir:
+        return fs->SyncDir(op.path);
+      case FsOp::kMkdirs:
+        return fs->CreateDirs(op.path);
     }
     return absl::InternalError("unknown FsOp");
   }

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/crc32c.h"
 #include "gmock/gmock.h"
@@ -202,7 +201,8 @@ TEST_F(JournalTest, IgnoresAndDeletesObsoleteAndTempFiles) {
   RecoveredJournal recovered = Reopen();
   EXPECT_EQ(recovered.snapshot, "new snapshot");
   EXPECT_THAT(recovered.records, ElementsAre("new record"));
-  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000003", "log-000003", "notes.txt", "log-03"));
+  EXPECT_THAT(Files(),
+              UnorderedElementsAre("snapshot-000003", "log-000003", "notes.txt", "log-03"));
 }
 
 // Catches a snapshot whose log was never created (crash right after the rename) being unusable.

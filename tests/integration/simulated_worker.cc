@@ -1,0 +1,181 @@
+#include "tests/integration/simulated_worker.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace trainstep::testing {
+namespace {
+
+WorkerClientOptions ClientOptions() {
+  WorkerClientOptions o;
+  o.rpc_timeout = absl::Seconds(5);
+  o.barrier_poll = absl::Seconds(5);
+  o.give_up_after = absl::Seconds(60);
+  return o;
+}
+
+void Nap(absl::Duration d) {
+  std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
+}
+
+}  // namespace
+
+SimulatedWorker::SimulatedWorker(const std::string& address, std::string job_id,
+                                 int64_t dataset_samples, ReportFn report)
+    : job_id_(std::move(job_id)),
+      dataset_samples_(dataset_samples),
+      report_(std::move(report)),
+      client_(MakeChannel(address), ClientOptions()) {}
+
+SimulatedWorker::~SimulatedWorker() { StopHeartbeats(); }
+
+void SimulatedWorker::StopHeartbeats() {
+  if (!stop_heartbeats_.HasBeenNotified()) stop_heartbeats_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+absl::Status SimulatedWorker::Register(const std::string& name) {
+  v1::RegisterWorkerRequest req;
+  req.set_job_id(job_id_);
+  req.set_name(name);
+  req.set_host("127.0.0.1");
+  req.set_request_id(absl::StrCat(job_id_, "/", name));
+  absl::StatusOr<v1::RegisterWorkerResponse> r = client_.RegisterWorker(req);
+  if (!r.ok()) return r.status();
+  worker_id_ = r->worker_id();
+  heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(10, r->heartbeat_interval_ms()));
+  heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void SimulatedWorker::HeartbeatLoop() {
+  while (!stop_heartbeats_.HasBeenNotified() && !crashed_) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id_);
+    req.set_applied_update_id(applied_update_);
+    req.mutable_dataset()->set_samples(dataset_samples_);
+    req.mutable_dataset()->set_fingerprint("sim");
+    (void)client_.Heartbeat(req);
+    stop_heartbeats_.WaitForNotificationWithTimeout(heartbeat_every_);
+  }
+}
+
+absl::StatusOr<v1::Assignment> SimulatedWorker::AwaitAssignment(int64_t after_generation) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < give_up) {
+    if (crashed_) return absl::CancelledError("crashed");
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id_);
+    req.set_applied_update_id(applied_update_);
+    req.mutable_dataset()->set_samples(dataset_samples_);
+    req.mutable_dataset()->set_fingerprint("sim");
+    absl::StatusOr<v1::HeartbeatResponse> r = client_.Heartbeat(req);
+    if (r.ok()) {
+      if (r->job_state() != v1::PENDING && r->job_state() != v1::RUNNING) {
+        return absl::FailedPreconditionError(absl::StrCat("job ended: ", r->job_message()));
+      }
+      if (r->assigned() && r->assignment().generation() > after_generation) {
+        return r->assignment();
+      }
+    } else if (r.status().code() != absl::StatusCode::kUnavailable) {
+      return r.status();
+    }
+    Nap(absl::Milliseconds(5));
+  }
+  return absl::DeadlineExceededError("no assignment within 60 s");
+}
+
+absl::Status SimulatedWorker::AckPending(const v1::Assignment& a) {
+  if (a.rank() != 0 || !a.has_pending_checkpoint_id()) return absl::OkStatus();
+  v1::AckCheckpointRequest ack;
+  ack.set_job_id(job_id_);
+  ack.set_worker_id(worker_id_);
+  ack.set_checkpoint_id(a.pending_checkpoint_id());
+  ack.set_optimizer_update_id(a.optimizer_update_id());
+  ack.set_path(absl::StrCat("sim://ckpt-", a.pending_checkpoint_id()));
+  return client_.AckCheckpoint(ack);
+}
+
+absl::Status SimulatedWorker::Run() {
+  absl::StatusOr<v1::Assignment> a = AwaitAssignment(0);
+  if (!a.ok()) return a.status();
+  if (absl::Status s = AckPending(*a); !s.ok()) return s;
+  int64_t window = a->next_window_id();
+  while (!crashed_) {
+    v1::BeginWindowRequest begin;
+    begin.set_job_id(job_id_);
+    begin.set_worker_id(worker_id_);
+    begin.set_generation(a->generation());
+    begin.set_window_id(window);
+    begin.set_rank(a->rank());
+    const SimReport rep = report_(window, a->rank());
+    begin.set_valid_units(rep.units);
+    absl::StatusOr<v1::BeginWindowResponse> b = client_.BeginWindow(begin);
+    if (crashed_) break;
+    v1::WindowDecision decision;
+    if (!b.ok()) {
+      if (b.status().code() != absl::StatusCode::kAborted) return b.status();
+      decision.set_outcome(v1::ABORT);
+    } else if (b->has_decision()) {
+      decision = b->decision();
+    } else {
+      v1::CompleteWindowRequest c;
+      c.set_job_id(job_id_);
+      c.set_worker_id(worker_id_);
+      c.set_generation(a->generation());
+      c.set_window_id(window);
+      c.set_rank(a->rank());
+      c.set_valid_units(rep.units);
+      c.set_loss_sum(rep.loss_sum);
+      c.set_grad_norm(rep.grad_norm);
+      c.set_found_inf(rep.found_inf);
+      c.set_micro_steps(1);
+      c.set_allreduce_calls(1);
+      absl::StatusOr<v1::CompleteWindowResponse> d = client_.CompleteWindow(c);
+      if (crashed_) break;
+      if (!d.ok()) {
+        if (d.status().code() != absl::StatusCode::kAborted) return d.status();
+        decision.set_outcome(v1::ABORT);
+      } else {
+        decision = d->decision();
+      }
+    }
+    if (decision.outcome() == v1::ABORT) {
+      // Nothing applied; rejoin and retry from the window the new generation names.
+      a = AwaitAssignment(a->generation());
+      if (!a.ok()) return a.status();
+      if (absl::Status s = AckPending(*a); !s.ok()) return s;
+      window = a->next_window_id();
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      decisions_.push_back(decision);
+    }
+    applied_update_ = decision.optimizer_update_id();
+    if (decision.write_checkpoint() && a->rank() == 0) {
+      v1::AckCheckpointRequest ack;
+      ack.set_job_id(job_id_);
+      ack.set_worker_id(worker_id_);
+      ack.set_checkpoint_id(decision.checkpoint_id());
+      ack.set_optimizer_update_id(decision.optimizer_update_id());
+      ack.set_path(absl::StrCat("sim://ckpt-", decision.checkpoint_id()));
+      absl::Status s = client_.AckCheckpoint(ack);
+      if (!s.ok()) return s;
+    }
+    if (decision.job_done()) return absl::OkStatus();
+    ++window;
+  }
+  return absl::CancelledError("crashed");
+}
+
+std::vector<v1::WindowDecision> SimulatedWorker::decisions() const {
+  absl::MutexLock lock(&mu_);
+  return decisions_;
+}
+
+}  // namespace trainstep::testing

@@ -1,0 +1,326 @@
+// Test helpers for the coordinator's pure state machine: resolved specs built from JSON
+// through the one real resolver, and SimulatedRanks, which plays W workers against a
+// JobRegistry/StepMachine with a hand-advanced clock (no threads, no sockets, no sleeps).
+#ifndef TRAINSTEP_TESTS_UNIT_COORDINATOR_MACHINE_TEST_UTIL_H_
+#define TRAINSTEP_TESTS_UNIT_COORDINATOR_MACHINE_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/spec.h"
+#include "coordinator/job_registry.h"
+#include "coordinator/step_machine.h"
+#include "gtest/gtest.h"
+
+namespace trainstep {
+namespace testing_util {
+
+// The knobs the coordinator reads; everything else stays at the resolver's defaults.
+struct SpecOptions {
+  int workers = 2;
+  int micro_batch_size = 1;
+  int accumulation_steps = 2;
+  std::string tail = "dynamic";   // dynamic | drop
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  std::string loss_scaler;         // JSON object, "" = resolver defaults
+  std::optional<int64_t> max_updates;
+  std::optional<int64_t> epochs;
+  std::string checkpoint_dir;  // "" = checkpoints off
+  std::optional<int64_t> every_updates;
+  std::optional<double> max_grad_norm;
+  std::string schedule;  // JSON object, "" = constant
+  double lr = 0.1;       // sgd
+};
+
+inline std::string SpecJson(const SpecOptions& o) {
+  std::string json = absl::StrCat(
+      R"({"name":"t","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
+      R"("batch":{"micro_batch_size":)", o.micro_batch_size,
+      R"(,"accumulation_steps":)", o.accumulation_steps, R"(,"tail":")", o.tail, R"("},)",
+      R"("precision":")", o.precision, R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},",
+      R"("workers":{"count":)", o.workers, "}");
+  if (!o.loss_scaler.empty()) absl::StrAppend(&json, R"(,"loss_scaler":)", o.loss_scaler);
+  if (!o.schedule.empty()) absl::StrAppend(&json, R"(,"schedule":)", o.schedule);
+  if (o.max_grad_norm) absl::StrAppend(&json, R"(,"clip":{"max_grad_norm":)", *o.max_grad_norm, "}");
+  std::string stop;
+  if (o.max_updates) absl::StrAppend(&stop, R"("max_updates":)", *o.max_updates);
+  if (o.epochs) absl::StrAppend(&stop, stop.empty() ? "" : ",", R"("epochs":)", *o.epochs);
+  if (!stop.empty()) absl::StrAppend(&json, R"(,"stop":{)", stop, "}");
+  if (!o.checkpoint_dir.empty()) {
+    absl::StrAppend(&json, R"(,"checkpoint":{"dir":")", o.checkpoint_dir, "\"");
+    if (o.every_updates) absl::StrAppend(&json, R"(,"every_updates":)", *o.every_updates);
+    absl::StrAppend(&json, "}");
+  }
+  absl::StrAppend(&json, "}");
+  return json;
+}
+
+inline v1::JobSpec ResolvedSpec(const SpecOptions& o) {
+  const std::string json = SpecJson(o);
+  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(json);
+  if (!spec.ok()) {
+    ADD_FAILURE() << spec.status() << "\n" << json;
+    return {};
+  }
+  return *spec;
+}
+
+// What one rank reports at the end of a window.
+struct RankReport {
+  double loss_sum = 10.0;
+  int64_t units = 10;
+  bool found_inf = false;
+  double grad_norm = 0.5;
+  int64_t micro_steps = 2;
+  int64_t allreduce_calls = 1;
+};
+
+inline std::vector<RankReport> Reports(int world, RankReport r = {}) {
+  return std::vector<RankReport>(world, r);
+}
+
+inline int64_t TotalUnits(const std::vector<RankReport>& reports) {
+  int64_t n = 0;
+  for (const RankReport& r : reports) n += r.units;
+  return n;
+}
+
+// W ranks driven by hand against one job in a JobRegistry. Every journal record the
+// registry produces is drained into records() after each call.
+class SimulatedRanks {
+ public:
+  explicit SimulatedRanks(const v1::JobSpec& spec, MachineOptions options = {},
+                          absl::Time start = absl::FromUnixSeconds(1'700'000'000))
+      : options_(options), registry_(options), now_(start) {
+    v1::SubmitJobRequest req;
+    *req.mutable_spec() = spec;
+    absl::StatusOr<v1::Job> job = registry_.Submit(req, now_);
+    if (!job.ok()) {
+      ADD_FAILURE() << job.status();
+      return;
+    }
+    job_id_ = job->job_id();
+    Drain();
+  }
+
+  JobRegistry& registry() { return registry_; }
+  StepMachine& machine() { return **registry_.Machine(job_id_); }
+  const std::string& job_id() const { return job_id_; }
+  const MachineOptions& options() const { return options_; }
+  absl::Time now() const { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+  v1::Job job() { return machine().Job(); }
+  v1::JobState state() { return job().state(); }
+  const v1::JobProgress progress() { return job().progress(); }
+
+  // Moves the registry's new records into records() and returns them.
+  std::vector<v1::JournalRecord> Drain() {
+    std::vector<v1::JournalRecord> fresh = registry_.TakeRecords();
+    records_.insert(records_.end(), fresh.begin(), fresh.end());
+    return fresh;
+  }
+  const std::vector<v1::JournalRecord>& records() const { return records_; }
+
+  v1::DatasetInfo dataset() const {
+    v1::DatasetInfo d;
+    d.set_samples(samples_);
+    d.set_fingerprint("fingerprint-1");
+    return d;
+  }
+  void set_samples(int64_t samples) { samples_ = samples; }
+
+  std::string AddWorker() {
+    v1::RegisterWorkerRequest req;
+    req.set_job_id(job_id_);
+    req.set_name(absl::StrCat("worker-", ++added_));
+    req.set_host(absl::StrCat("host-", added_));
+    absl::StatusOr<v1::RegisterWorkerResponse> resp = registry_.RegisterWorker(req, now_);
+    Drain();
+    if (!resp.ok()) {
+      ADD_FAILURE() << resp.status();
+      return "";
+    }
+    return resp->worker_id();
+  }
+
+  // A heartbeat that carries the dataset report (ignored once accepted).
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& worker_id,
+                                                  std::optional<v1::DatasetInfo> dataset = {}) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id);
+    *req.mutable_dataset() = dataset.value_or(this->dataset());
+    req.set_applied_update_id(progress().optimizer_update_id());
+    absl::StatusOr<v1::HeartbeatResponse> resp = machine().Heartbeat(req, now_);
+    Drain();
+    return resp;
+  }
+
+  // Registers `count` workers and reports the dataset from each one.
+  std::vector<std::string> Start(int count) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < count; ++i) ids.push_back(AddWorker());
+    for (const std::string& id : ids) {
+      absl::StatusOr<v1::HeartbeatResponse> r = Heartbeat(id);
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+    return ids;
+  }
+
+  // Renews the lease of every live worker except `skip`.
+  void HeartbeatAllExcept(const std::vector<std::string>& skip) {
+    for (const v1::WorkerInfo& w : machine().Workers()) {
+      if (w.state() == v1::LOST) continue;
+      if (std::find(skip.begin(), skip.end(), w.worker_id()) != skip.end()) continue;
+      absl::StatusOr<v1::HeartbeatResponse> r = Heartbeat(w.worker_id());
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+  }
+
+  void Tick() {
+    machine().Tick(now_);
+    Drain();
+  }
+
+  // Lets the leases of `lost` expire while everyone else heartbeats, then ticks.
+  void Lose(const std::vector<std::string>& lost) {
+    Advance(options_.worker_lease / 2);
+    HeartbeatAllExcept(lost);
+    Advance(options_.worker_lease / 2 + absl::Milliseconds(1));
+    Tick();
+  }
+
+  // The members of the current generation, by rank.
+  std::vector<std::string> Ranks() {
+    std::vector<v1::WorkerInfo> active;
+    for (const v1::WorkerInfo& w : machine().Workers()) {
+      if (w.state() == v1::ACTIVE) active.push_back(w);
+    }
+    std::sort(active.begin(), active.end(),
+              [](const v1::WorkerInfo& a, const v1::WorkerInfo& b) { return a.rank() < b.rank(); });
+    std::vector<std::string> out;
+    for (const v1::WorkerInfo& w : active) out.push_back(w.worker_id());
+    return out;
+  }
+  int64_t generation() { return progress().generation(); }
+  int64_t next_window() { return progress().window_id() + 1; }
+
+  v1::BeginWindowRequest BeginRequest(int rank, int64_t window, int64_t units) {
+    v1::BeginWindowRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(Ranks().at(rank));
+    req.set_generation(generation());
+    req.set_window_id(window);
+    req.set_rank(rank);
+    req.set_valid_units(units);
+    return req;
+  }
+  v1::CompleteWindowRequest CompleteRequest(int rank, int64_t window, const RankReport& r) {
+    v1::CompleteWindowRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(Ranks().at(rank));
+    req.set_generation(generation());
+    req.set_window_id(window);
+    req.set_rank(rank);
+    req.set_loss_sum(r.loss_sum);
+    req.set_valid_units(r.units);
+    req.set_found_inf(r.found_inf);
+    req.set_grad_norm(r.grad_norm);
+    req.set_micro_steps(r.micro_steps);
+    req.set_allreduce_calls(r.allreduce_calls);
+    return req;
+  }
+
+  absl::StatusOr<Answer<v1::BeginWindowResponse>> Begin(const v1::BeginWindowRequest& req) {
+    auto a = machine().BeginWindow(req, now_);
+    Drain();
+    return a;
+  }
+  absl::StatusOr<Answer<v1::BeginWindowResponse>> Begin(int rank, int64_t window, int64_t units) {
+    return Begin(BeginRequest(rank, window, units));
+  }
+  absl::StatusOr<Answer<v1::CompleteWindowResponse>> Complete(const v1::CompleteWindowRequest& req) {
+    auto a = machine().CompleteWindow(req, now_);
+    Drain();
+    return a;
+  }
+  absl::StatusOr<Answer<v1::CompleteWindowResponse>> Complete(int rank, int64_t window,
+                                                             const RankReport& r) {
+    return Complete(CompleteRequest(rank, window, r));
+  }
+
+  // Every rank begins `window`; only the last call may (and must) find the barrier ready.
+  // Returns rank 0's repeated call, which must give the same answer as the last rank's.
+  v1::BeginWindowResponse BeginAll(int64_t window, const std::vector<int64_t>& units) {
+    const int world = static_cast<int>(units.size());
+    v1::BeginWindowResponse last;
+    for (int rank = 0; rank < world; ++rank) {
+      auto a = Begin(rank, window, units[rank]);
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (!a.ok()) return {};
+      EXPECT_EQ(a->ready, rank == world - 1) << "rank " << rank << " window " << window;
+      last = a->response;
+    }
+    return last;
+  }
+
+  // Every rank completes `window`; the last call must decide it. Returns the decision.
+  v1::WindowDecision CompleteAll(int64_t window, const std::vector<RankReport>& reports) {
+    const int world = static_cast<int>(reports.size());
+    v1::WindowDecision decision;
+    for (int rank = 0; rank < world; ++rank) {
+      auto a = Complete(rank, window, reports[rank]);
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (!a.ok()) return {};
+      EXPECT_EQ(a->ready, rank == world - 1) << "rank " << rank << " window " << window;
+      decision = a->response.decision();
+    }
+    return decision;
+  }
+
+  // The next window, begun and completed by every rank of the current generation.
+  v1::WindowDecision RunWindow(const std::vector<RankReport>& reports) {
+    const int64_t window = next_window();
+    std::vector<int64_t> units;
+    for (const RankReport& r : reports) units.push_back(r.units);
+    BeginAll(window, units);
+    return CompleteAll(window, reports);
+  }
+  v1::WindowDecision RunWindow(RankReport r = {}) {
+    return RunWindow(Reports(static_cast<int>(Ranks().size()), r));
+  }
+
+  absl::Status Ack(int64_t checkpoint_id, int64_t update_id, std::string worker = "") {
+    v1::AckCheckpointRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker.empty() ? Ranks().at(0) : worker);
+    req.set_checkpoint_id(checkpoint_id);
+    req.set_optimizer_update_id(update_id);
+    req.set_path(absl::StrCat("/ckpt/ckpt-", checkpoint_id));
+    absl::Status s = machine().AckCheckpoint(req, now_);
+    Drain();
+    return s;
+  }
+
+ private:
+  MachineOptions options_;
+  JobRegistry registry_;
+  absl::Time now_;
+  std::string job_id_;
+  std::vector<v1::JournalRecord> records_;
+  int64_t samples_ = 1'000'000;
+  int added_ = 0;
+};
+
+}  // namespace testing_util
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_TESTS_UNIT_COORDINATOR_MACHINE_TEST_UTIL_H_

@@ -1,0 +1,1277 @@
+#include "coordinator/step_machine.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/lr_schedule.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator/machine_test_util.h"
+
+namespace trainstep {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_util::Reports;
+using testing_util::RankReport;
+using testing_util::ResolvedSpec;
+using testing_util::SimulatedRanks;
+using testing_util::SpecOptions;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+absl::StatusCode CodeOf(const absl::Status& s) { return s.code(); }
+template <typename T>
+absl::StatusCode CodeOf(const absl::StatusOr<T>& s) {
+  return s.status().code();
+}
+
+std::string MessageOf(const absl::Status& s) { return std::string(s.message()); }
+template <typename T>
+std::string MessageOf(const absl::StatusOr<T>& s) {
+  return std::string(s.status().message());
+}
+
+// Every double in `m` (recursively) is finite.
+void ExpectAllFinite(const google::protobuf::Message& m, const std::string& path = "") {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+      EXPECT_TRUE(std::isfinite(r->GetDouble(m, f))) << path << f->name();
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && r->HasField(m, f)) {
+      ExpectAllFinite(r->GetMessage(m, f), path + f->name() + ".");
+    }
+  }
+}
+
+SpecOptions Fp16(double init_scale = 1024, int64_t growth_interval = 1000) {
+  SpecOptions o;
+  o.precision = "fp16";
+  o.loss_scaler = absl::StrCat(R"({"init_scale":)", init_scale, R"(,"growth_interval":)",
+                               growth_interval, "}");
+  return o;
+}
+
+SpecOptions WithCheckpoints(int64_t every, SpecOptions o = {}) {
+  o.checkpoint_dir = "/ckpt";
+  o.every_updates = every;
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------
+// ClipCoefficient / GradNormsAgree
+
+// Catches: clipping without max_grad_norm, a coefficient above 1, or a missing epsilon.
+TEST(ClipCoefficientTest, MinOfOneAndMaxOverNorm) {
+  EXPECT_EQ(ClipCoefficient(std::nullopt, 1e9), 1.0);
+  EXPECT_EQ(ClipCoefficient(1.0, 0.5), 1.0);
+  EXPECT_EQ(ClipCoefficient(1.0, 0.0), 1.0);
+  EXPECT_EQ(ClipCoefficient(1.0, 2.0), 1.0 / (2.0 + 1e-6));
+  EXPECT_EQ(ClipCoefficient(0.5, 10.0), 0.5 / (10.0 + 1e-6));
+  // Right at max_norm the epsilon makes the coefficient just under 1, as torch's clip does.
+  EXPECT_LT(ClipCoefficient(1.0, 1.0), 1.0);
+  EXPECT_EQ(ClipCoefficient(1.0, kInf), 0.0);
+}
+
+// Catches: an absolute (not relative) tolerance, a tolerance other than 1e-6, or an
+// asymmetric comparison.
+TEST(GradNormsAgreeTest, RelativeTolerance) {
+  EXPECT_TRUE(GradNormsAgree(0.0, 0.0));
+  EXPECT_TRUE(GradNormsAgree(1.0, 1.0 + 0.5e-6));
+  EXPECT_TRUE(GradNormsAgree(1.0 + 0.5e-6, 1.0));
+  EXPECT_FALSE(GradNormsAgree(1.0, 1.0 + 2e-6));
+  EXPECT_FALSE(GradNormsAgree(1.0 + 2e-6, 1.0));
+  EXPECT_TRUE(GradNormsAgree(1000.0, 1000.0005));  // 5e-7 relative
+  EXPECT_FALSE(GradNormsAgree(1000.0, 1000.01));   // 1e-5 relative
+  EXPECT_FALSE(GradNormsAgree(1e-9, 2e-9));        // tiny but twice as large: not the same
+  EXPECT_TRUE(GradNormsAgree(kInf, kInf));
+  EXPECT_FALSE(GradNormsAgree(1.0, kInf));
+}
+
+// ---------------------------------------------------------------------------------------
+// Job start
+
+// Catches: a job that starts before all `workers.count` workers reported their dataset, or
+// that never starts; a wrong first assignment.
+TEST(StepMachineTest, PendingUntilAllWorkersReportDataset) {
+  SpecOptions o;
+  o.workers = 3;
+  SimulatedRanks sim(ResolvedSpec(o));
+  EXPECT_EQ(sim.state(), v1::PENDING);
+  std::vector<std::string> ids = {sim.AddWorker(), sim.AddWorker(), sim.AddWorker()};
+  EXPECT_EQ(sim.state(), v1::PENDING);
+  ASSERT_TRUE(sim.Heartbeat(ids[0]).ok());
+  ASSERT_TRUE(sim.Heartbeat(ids[1]).ok());
+  EXPECT_EQ(sim.state(), v1::PENDING);
+
+  v1::HeartbeatRequest no_dataset;  // a heartbeat without the dataset report does not count
+  no_dataset.set_job_id(sim.job_id());
+  no_dataset.set_worker_id(ids[2]);
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.machine().Heartbeat(no_dataset, sim.now());
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_FALSE(hb->dataset_accepted());
+  EXPECT_FALSE(hb->assigned());
+  EXPECT_EQ(hb->job_state(), v1::PENDING);
+  EXPECT_EQ(sim.state(), v1::PENDING);
+  EXPECT_EQ(sim.generation(), 0);
+
+  sim.Advance(absl::Seconds(1));
+  hb = sim.Heartbeat(ids[2]);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_TRUE(hb->dataset_accepted());
+  EXPECT_EQ(hb->job_state(), v1::RUNNING);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  EXPECT_EQ(sim.job().start_time_ms(), absl::ToUnixMillis(sim.now()));
+  EXPECT_EQ(sim.generation(), 1);
+  EXPECT_EQ(sim.progress().world_size(), 3);
+  EXPECT_THAT(sim.Ranks(), ElementsAre(ids[0], ids[1], ids[2]));
+
+  for (int rank = 0; rank < 3; ++rank) {
+    hb = sim.Heartbeat(ids[rank]);
+    ASSERT_TRUE(hb.ok());
+    ASSERT_TRUE(hb->assigned());
+    const v1::Assignment& a = hb->assignment();
+    EXPECT_EQ(a.generation(), 1);
+    EXPECT_EQ(a.rank(), rank);
+    EXPECT_EQ(a.world_size(), 3);
+    EXPECT_EQ(a.store_prefix(), sim.job_id() + "/g1/");
+    EXPECT_EQ(a.next_window_id(), 1);
+    EXPECT_EQ(a.state_source(), v1::Assignment::INIT);
+    EXPECT_EQ(a.optimizer_update_id(), 0);
+    EXPECT_EQ(a.scheduler_step(), 0);
+    EXPECT_FALSE(a.has_pending_checkpoint_id());  // checkpoints are off
+    EXPECT_EQ(hb->lease_ms(), 10000);
+  }
+
+  // A fourth worker is a standby: accepted, but not placed.
+  const std::string extra = sim.AddWorker();
+  hb = sim.Heartbeat(extra);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->dataset_accepted());
+  EXPECT_FALSE(hb->assigned());
+  EXPECT_EQ(sim.generation(), 1);
+}
+
+// Catches: windows_per_epoch rounding the wrong way for tail dynamic (ceil) or drop (floor).
+TEST(StepMachineTest, WindowsPerEpochByTailPolicy) {
+  for (const auto& [tail, expected] : {std::pair<std::string, int64_t>{"dynamic", 3},
+                                       std::pair<std::string, int64_t>{"drop", 2}}) {
+    SpecOptions o;  // global batch = 1 × 2 × 2 = 4 samples
+    o.tail = tail;
+    SimulatedRanks sim(ResolvedSpec(o));
+    sim.set_samples(10);
+    sim.Start(2);
+    EXPECT_EQ(sim.state(), v1::RUNNING) << tail;
+    EXPECT_EQ(sim.progress().windows_per_epoch(), expected) << tail;
+    EXPECT_EQ(sim.progress().dataset_samples(), 10);
+  }
+}
+
+// Catches: a drop-tail job with fewer samples than one global batch that runs (and trains
+// nothing) instead of failing with a clear message.
+TEST(StepMachineTest, DropTailWithoutAnyWindowFailsTheJob) {
+  SpecOptions o;
+  o.tail = "drop";
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.set_samples(3);
+  const std::string w = sim.AddWorker();
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(w);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->job_state(), v1::FAILED);
+  EXPECT_EQ(sim.state(), v1::FAILED);
+  EXPECT_THAT(sim.job().message(), HasSubstr("3 samples"));
+  EXPECT_THAT(sim.job().message(), HasSubstr("drop"));
+  EXPECT_FALSE(hb->assigned());
+
+  // The same data with tail dynamic trains one (short) window.
+  o.tail = "dynamic";
+  SimulatedRanks dynamic(ResolvedSpec(o));
+  dynamic.set_samples(3);
+  dynamic.Start(2);
+  EXPECT_EQ(dynamic.state(), v1::RUNNING);
+  EXPECT_EQ(dynamic.progress().windows_per_epoch(), 1);
+}
+
+// Catches: workers that read different data being accepted into one job.
+TEST(StepMachineTest, DatasetMismatchRefused) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::string a = sim.AddWorker();
+  const std::string b = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(a).ok());
+
+  v1::DatasetInfo other = sim.dataset();
+  other.set_fingerprint("fingerprint-2");
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(b, other);
+  EXPECT_EQ(CodeOf(hb), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(MessageOf(hb), HasSubstr("fingerprint-2"));
+
+  other = sim.dataset();
+  other.set_samples(sim.dataset().samples() + 1);
+  EXPECT_EQ(CodeOf(sim.Heartbeat(b, other)), absl::StatusCode::kFailedPrecondition);
+
+  other.set_samples(0);
+  EXPECT_EQ(CodeOf(sim.Heartbeat(b, other)), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(sim.state(), v1::PENDING);
+  EXPECT_FALSE(sim.machine().Workers()[1].state() == v1::READY);
+  hb = sim.Heartbeat(b);  // the right data is accepted
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+}
+
+// ---------------------------------------------------------------------------------------
+// The begin barrier
+
+// Catches: a barrier answered before every rank reported, a wrong N = Σ n_r, scale or lr,
+// or a repeated call that gets a different answer.
+TEST(StepMachineTest, BeginBarrierWaitsForAllRanks) {
+  SpecOptions o = Fp16(4096);
+  o.workers = 3;
+  o.lr = 0.2;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(3);
+  auto a = sim.Begin(0, 1, 11);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->ready);
+  a = sim.Begin(0, 1, 11);  // a retry does not count twice
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->ready);
+  a = sim.Begin(2, 1, 13);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->ready);
+  a = sim.Begin(1, 1, 0);  // a rank with nothing to train still counts
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->ready);
+  const v1::BeginWindowResponse& r = a->response;
+  EXPECT_EQ(r.global_valid_units(), 24);
+  EXPECT_EQ(r.loss_scale(), 4096);
+  EXPECT_DOUBLE_EQ(r.learning_rate(), 0.2);
+  EXPECT_EQ(r.scheduler_step(), 0);
+  EXPECT_EQ(r.optimizer_update_id(), 0);
+  EXPECT_EQ(r.epoch(), 0);
+  EXPECT_FALSE(r.has_decision());
+
+  for (int rank = 0; rank < 3; ++rank) {
+    auto again = sim.Begin(rank, 1, rank == 0 ? 11 : rank == 1 ? 0 : 13);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE(again->ready);
+    EXPECT_EQ(again->response.SerializeAsString(), r.SerializeAsString());
+  }
+  EXPECT_EQ(sim.progress().window_id(), 0);  // the barrier decides nothing
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 0);
+}
+
+// Catches: a prefetched BeginWindow(w+1) answered before w is decided, with the lr, scale
+// or ids of before w's decision.
+TEST(StepMachineTest, PrefetchAnsweredOnlyAfterPreviousWindowDecided) {
+  SpecOptions o = Fp16(1024, /*growth_interval=*/1);
+  o.max_updates = 100;
+  o.schedule = R"({"warmup_linear":{"warmup_updates":4,"total_updates":100}})";
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  v1::BeginWindowResponse w1 = sim.BeginAll(1, {10, 10});
+  EXPECT_DOUBLE_EQ(w1.learning_rate(), 0.1 * 0.25);
+  EXPECT_EQ(w1.loss_scale(), 1024);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    auto a = sim.Begin(rank, 2, 7);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_FALSE(a->ready) << "window 2 answered while window 1 is undecided";
+  }
+  // A CompleteWindow for the prefetched window is refused while window 1 is open.
+  EXPECT_EQ(CodeOf(sim.Complete(0, 2, RankReport{})), absl::StatusCode::kFailedPrecondition);
+
+  const v1::WindowDecision d1 = sim.CompleteAll(1, Reports(2));
+  ASSERT_EQ(d1.outcome(), v1::COMMIT);
+  auto a = sim.Begin(0, 2, 7);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->ready);
+  EXPECT_EQ(a->response.global_valid_units(), 14);
+  EXPECT_EQ(a->response.scheduler_step(), 1);
+  EXPECT_EQ(a->response.optimizer_update_id(), 1);
+  EXPECT_DOUBLE_EQ(a->response.learning_rate(), 0.1 * 0.5);
+  EXPECT_EQ(a->response.loss_scale(), 2048);  // grown after window 1 (interval 1)
+}
+
+// ---------------------------------------------------------------------------------------
+// Decisions
+
+// Catches: ids that do not advance together on COMMIT (update id, scheduler step,
+// cumulative tokens, checkpoint assignment), a wrong clip coefficient, or a wrong record.
+TEST(StepMachineTest, CommitAdvancesIdsTogether) {
+  SpecOptions o = WithCheckpoints(2);
+  o.max_grad_norm = 1.0;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  sim.Advance(absl::Seconds(3));
+
+  const v1::WindowDecision d1 = sim.RunWindow({{10, 10, false, 0.5, 2, 1}, {10, 10, false, 0.5, 2, 1}});
+  EXPECT_EQ(d1.outcome(), v1::COMMIT);
+  EXPECT_EQ(d1.reason(), "");
+  EXPECT_EQ(d1.optimizer_update_id(), 1);
+  EXPECT_EQ(d1.scheduler_step(), 1);
+  EXPECT_EQ(d1.clip_coef(), 1.0);
+  EXPECT_DOUBLE_EQ(d1.learning_rate(), 0.1);
+  EXPECT_FALSE(d1.write_checkpoint());
+  EXPECT_FALSE(d1.job_done());
+  const v1::UpdateRecord& r1 = d1.record();
+  EXPECT_EQ(r1.window_id(), 1);
+  EXPECT_EQ(r1.generation(), 1);
+  EXPECT_EQ(r1.world_size(), 2);
+  EXPECT_EQ(r1.outcome(), "commit");
+  EXPECT_EQ(r1.optimizer_update_id(), 1);
+  EXPECT_EQ(r1.scheduler_step(), 1);
+  EXPECT_EQ(r1.micro_steps(), 4);
+  EXPECT_EQ(r1.global_valid_tokens(), 20);
+  EXPECT_EQ(r1.cumulative_tokens(), 20);
+  EXPECT_DOUBLE_EQ(r1.loss(), 1.0);
+  EXPECT_EQ(r1.loss_scale(), 1.0);
+  EXPECT_EQ(r1.grad_norm_pre_clip(), 0.5);
+  EXPECT_EQ(r1.grad_norm_post_clip(), 0.5);
+  EXPECT_EQ(r1.clip_coef(), 1.0);
+  EXPECT_EQ(r1.checkpoint_id(), 0);
+  EXPECT_EQ(r1.epoch(), 0);
+  EXPECT_EQ(r1.allreduce_calls(), 1);
+  EXPECT_EQ(r1.end_time_ms(), absl::ToUnixMillis(sim.now()));
+
+  const v1::WindowDecision d2 = sim.RunWindow({{3, 5, false, 4.0, 1, 1}, {2, 5, false, 4.0, 1, 1}});
+  EXPECT_EQ(d2.outcome(), v1::COMMIT);
+  EXPECT_EQ(d2.optimizer_update_id(), 2);
+  EXPECT_EQ(d2.scheduler_step(), 2);
+  EXPECT_DOUBLE_EQ(d2.clip_coef(), 1.0 / (4.0 + 1e-6));
+  EXPECT_NEAR(d2.record().grad_norm_post_clip(), 1.0, 1e-6);
+  EXPECT_TRUE(d2.write_checkpoint());  // every_updates 2
+  EXPECT_EQ(d2.checkpoint_id(), 1);
+  EXPECT_EQ(d2.record().checkpoint_id(), 1);
+  EXPECT_EQ(d2.record().cumulative_tokens(), 30);
+  EXPECT_DOUBLE_EQ(d2.record().loss(), 0.5);
+
+  const v1::WindowDecision d3 = sim.RunWindow();
+  EXPECT_FALSE(d3.write_checkpoint());
+  EXPECT_EQ(d3.record().checkpoint_id(), 1);  // the latest assigned so far
+  const v1::WindowDecision d4 = sim.RunWindow();
+  EXPECT_TRUE(d4.write_checkpoint());
+  EXPECT_EQ(d4.checkpoint_id(), 2);
+
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.window_id(), 4);
+  EXPECT_EQ(p.optimizer_update_id(), 4);
+  EXPECT_EQ(p.scheduler_step(), 4);
+  EXPECT_EQ(p.checkpoint_id(), 2);
+  EXPECT_EQ(p.durable_checkpoint_id(), -1);
+  EXPECT_EQ(p.cumulative_tokens(), 70);
+  EXPECT_EQ(p.windows_committed(), 4);
+  EXPECT_EQ(p.windows_skipped(), 0);
+  EXPECT_EQ(p.windows_aborted(), 0);
+  EXPECT_DOUBLE_EQ(p.last_loss(), 1.0);
+  ASSERT_EQ(sim.machine().updates().size(), 4u);
+  EXPECT_EQ(sim.machine().updates()[1].SerializeAsString(), d2.record().SerializeAsString());
+}
+
+// Catches: an overflow window that advances update id / scheduler / tokens / checkpoints, a
+// scale not backed off, or backed off more than once (REFERENCE 10, worked example 4).
+TEST(StepMachineTest, OverflowSkipsAndBacksOffOnce) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(1, Fp16(1024))));
+  sim.Start(2);
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  RankReport inf;
+  inf.found_inf = true;
+  inf.grad_norm = kInf;
+  const v1::WindowDecision d = sim.RunWindow(Reports(2, inf));
+  EXPECT_EQ(d.outcome(), v1::SKIP);
+  EXPECT_EQ(d.reason(), "OVERFLOW");
+  EXPECT_EQ(d.optimizer_update_id(), 1);
+  EXPECT_EQ(d.scheduler_step(), 1);
+  EXPECT_FALSE(d.write_checkpoint());
+  EXPECT_EQ(d.record().outcome(), "skip");
+  EXPECT_EQ(d.record().window_id(), 2);
+  EXPECT_EQ(d.record().loss_scale(), 512);
+  EXPECT_EQ(d.record().cumulative_tokens(), 20);
+  EXPECT_EQ(d.record().grad_norm_post_clip(), 0.0);
+  EXPECT_EQ(d.record().checkpoint_id(), 1);
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.window_id(), 2);
+  EXPECT_EQ(p.optimizer_update_id(), 1);
+  EXPECT_EQ(p.scheduler_step(), 1);
+  EXPECT_EQ(p.checkpoint_id(), 1);
+  EXPECT_EQ(p.cumulative_tokens(), 20);
+  EXPECT_EQ(p.loss_scale(), 512);
+  EXPECT_EQ(p.windows_skipped(), 1);
+  // The next window runs with the backed-off scale.
+  EXPECT_EQ(sim.BeginAll(3, {10, 10}).loss_scale(), 512);
+}
+
+// Catches: an N = 0 window that reaches the workers (or commits) instead of ending at the
+// begin barrier as SKIP EMPTY_WINDOW, or that writes a NaN (0/0) anywhere in its record.
+TEST(StepMachineTest, EmptyWindowSkipsAtTheBarrier) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+  sim.Start(2);
+  auto a = sim.Begin(0, 1, 0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->ready);
+  a = sim.Begin(1, 1, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->ready);
+  EXPECT_EQ(a->response.global_valid_units(), 0);
+  ASSERT_TRUE(a->response.has_decision());
+  const v1::WindowDecision d = a->response.decision();
+  EXPECT_EQ(d.outcome(), v1::SKIP);
+  EXPECT_EQ(d.reason(), "EMPTY_WINDOW");
+  EXPECT_EQ(d.optimizer_update_id(), 0);
+  EXPECT_EQ(d.scheduler_step(), 0);
+  EXPECT_EQ(d.record().window_id(), 1);
+  EXPECT_EQ(d.record().global_valid_tokens(), 0);
+  EXPECT_EQ(d.record().loss(), 0.0);
+  EXPECT_EQ(d.record().loss_scale(), 1024);  // not an overflow: no backoff
+  ExpectAllFinite(d);
+
+  // Rank 0 asks again and gets the same decision, from both barriers.
+  a = sim.Begin(0, 1, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->ready);
+  EXPECT_EQ(a->response.decision().SerializeAsString(), d.SerializeAsString());
+  auto c = sim.Complete(0, 1, RankReport{0, 0, false, 0, 0, 0});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->ready);
+  EXPECT_EQ(c->response.decision().SerializeAsString(), d.SerializeAsString());
+
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.window_id(), 1);
+  EXPECT_EQ(p.windows_skipped(), 1);
+  EXPECT_EQ(p.optimizer_update_id(), 0);
+  EXPECT_EQ(p.loss_scale(), 1024);
+  ExpectAllFinite(sim.job());
+  EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  EXPECT_EQ(sim.progress().window_id(), 2);
+}
+
+// Catches: a prefetched empty window that is never decided (its barrier completed while
+// the previous window was still open, so nobody asks again in time).
+TEST(StepMachineTest, PrefetchedEmptyWindowEndsWhenPreviousWindowEnds) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  for (int rank = 0; rank < 2; ++rank) {
+    auto a = sim.Begin(rank, 2, 0);
+    ASSERT_TRUE(a.ok());
+    EXPECT_FALSE(a->ready);
+  }
+  ASSERT_EQ(sim.CompleteAll(1, Reports(2)).outcome(), v1::COMMIT);
+  EXPECT_EQ(sim.progress().window_id(), 2);  // window 2 ended with window 1's decision
+  auto a = sim.Begin(1, 2, 0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->ready);
+  EXPECT_EQ(a->response.decision().reason(), "EMPTY_WINDOW");
+  EXPECT_EQ(a->response.decision().optimizer_update_id(), 1);
+}
+
+// Catches: a non-finite loss committed (poisoning the log and the weights) or treated as
+// an overflow (backing the scale off).
+TEST(StepMachineTest, NonfiniteLossSkips) {
+  for (double bad : {kNaN, kInf}) {
+    SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+    sim.Start(2);
+    ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+    const v1::ScalerState before = sim.machine().Snapshot().scaler();
+    RankReport ok;
+    RankReport nan = ok;
+    nan.loss_sum = bad;
+    const v1::WindowDecision d = sim.RunWindow({ok, nan});
+    EXPECT_EQ(d.outcome(), v1::SKIP);
+    EXPECT_EQ(d.reason(), "NONFINITE_LOSS");
+    EXPECT_EQ(d.optimizer_update_id(), 1);
+    EXPECT_EQ(d.scheduler_step(), 1);
+    EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+    EXPECT_EQ(sim.progress().window_id(), 2);
+    EXPECT_EQ(sim.progress().cumulative_tokens(), 20);
+    EXPECT_EQ(sim.machine().Snapshot().scaler().SerializeAsString(), before.SerializeAsString());
+  }
+}
+
+// Catches: the logged loss as a mean of per-rank means (0.5a + 0.5b) instead of
+// Σ loss_sum / N (0.1a + 0.9b) — REFERENCE 1/19, the 100/900 tokens example.
+TEST(StepMachineTest, LossIsTokenWeighted) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  const double a = 2.0, b = 0.5;
+  const v1::BeginWindowResponse begin = sim.BeginAll(1, {100, 900});
+  EXPECT_EQ(begin.global_valid_units(), 1000);
+  const v1::WindowDecision d =
+      sim.CompleteAll(1, {{100 * a, 100, false, 1.0, 1, 1}, {900 * b, 900, false, 1.0, 1, 1}});
+  ASSERT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_DOUBLE_EQ(d.record().loss(), 0.1 * a + 0.9 * b);
+  EXPECT_NE(d.record().loss(), 0.5 * a + 0.5 * b);
+  EXPECT_EQ(d.record().global_valid_tokens(), 1000);
+  EXPECT_DOUBLE_EQ(sim.progress().last_loss(), 0.65);
+}
+
+// Catches: diverged replicas (norm, found_inf or collective-call count disagreeing) that
+// commit or skip silently instead of ABORT DESYNC and a re-formed generation of the same
+// members that rebroadcasts from rank 0 and retries the same window.
+TEST(StepMachineTest, DesyncAbortsAndReformsSameMembers) {
+  struct Case {
+    const char* name;
+    RankReport rank1;
+  };
+  RankReport base;
+  RankReport norm = base;
+  norm.grad_norm = base.grad_norm * (1 + 1e-5);
+  RankReport inf = base;
+  inf.found_inf = true;
+  RankReport calls = base;
+  calls.allreduce_calls = 2;
+  for (const Case& c : {Case{"grad norm", norm}, Case{"found_inf", inf}, Case{"allreduce", calls}}) {
+    SCOPED_TRACE(c.name);
+    SimulatedRanks sim(ResolvedSpec(WithCheckpoints(100, Fp16(1024))));
+    sim.Start(2);
+    const std::vector<std::string> ranks = sim.Ranks();
+    const v1::WindowDecision d = sim.RunWindow({base, c.rank1});
+    EXPECT_EQ(d.outcome(), v1::ABORT);
+    EXPECT_EQ(d.reason(), "DESYNC");
+    EXPECT_EQ(d.optimizer_update_id(), 0);
+    EXPECT_EQ(d.scheduler_step(), 0);
+    EXPECT_FALSE(d.write_checkpoint());
+    EXPECT_EQ(d.record().outcome(), "abort");
+    EXPECT_EQ(d.record().loss_scale(), 1024);  // no scaler update on an abort
+    const v1::JobProgress p = sim.progress();
+    EXPECT_EQ(p.window_id(), 0);
+    EXPECT_EQ(p.optimizer_update_id(), 0);
+    EXPECT_EQ(p.windows_aborted(), 1);
+    EXPECT_EQ(p.loss_scale(), 1024);
+    EXPECT_EQ(p.generation(), 2);
+    EXPECT_EQ(sim.Ranks(), ranks);
+
+    // Rank 0, which reported first, gets the same abort when it asks again.
+    v1::CompleteWindowRequest first = sim.CompleteRequest(0, 1, base);
+    first.set_generation(1);
+    auto again = sim.Complete(first);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE(again->ready);
+    EXPECT_EQ(again->response.decision().SerializeAsString(), d.SerializeAsString());
+
+    for (int rank = 0; rank < 2; ++rank) {
+      auto hb = sim.Heartbeat(ranks[rank]);
+      ASSERT_TRUE(hb.ok());
+      ASSERT_TRUE(hb->assigned());
+      EXPECT_EQ(hb->assignment().generation(), 2);
+      EXPECT_EQ(hb->assignment().state_source(), v1::Assignment::BROADCAST);
+      EXPECT_EQ(hb->assignment().source_rank(), 0);
+      EXPECT_EQ(hb->assignment().next_window_id(), 1);
+    }
+    const v1::WindowDecision retry = sim.RunWindow();
+    EXPECT_EQ(retry.outcome(), v1::COMMIT);
+    EXPECT_EQ(retry.record().window_id(), 1);
+    EXPECT_EQ(retry.record().generation(), 2);
+  }
+}
+
+// Catches: norms that agree to 1e-6 relative (float summation order) treated as a desync.
+TEST(StepMachineTest, NormsWithinToleranceCommit) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  RankReport a;
+  a.grad_norm = 3.0;
+  RankReport b = a;
+  b.grad_norm = 3.0 * (1 + 0.5e-6);
+  EXPECT_EQ(sim.RunWindow({a, b}).outcome(), v1::COMMIT);
+}
+
+// Catches: endless DESYNC retries (the job must fail after 3 in a row) or a count that is
+// not reset by a good window.
+TEST(StepMachineTest, ThreeConsecutiveDesyncsFailTheJob) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  RankReport good;
+  RankReport bad = good;
+  bad.grad_norm = 7.0;
+  EXPECT_EQ(sim.RunWindow({good, bad}).reason(), "DESYNC");
+  EXPECT_EQ(sim.RunWindow({good, good}).outcome(), v1::COMMIT);  // resets the count
+  EXPECT_EQ(sim.RunWindow({good, bad}).reason(), "DESYNC");
+  EXPECT_EQ(sim.RunWindow({good, bad}).reason(), "DESYNC");
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  const v1::WindowDecision third = sim.RunWindow({good, bad});
+  EXPECT_EQ(third.outcome(), v1::ABORT);
+  EXPECT_EQ(sim.state(), v1::FAILED);
+  EXPECT_THAT(sim.job().message(), HasSubstr("3 times in a row at window 2"));
+  EXPECT_THAT(sim.job().message(), HasSubstr("grad norm"));
+  EXPECT_EQ(sim.progress().windows_aborted(), 4);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+}
+
+// Catches: a restored machine that forgets the desync streak (a crash-looping coordinator
+// would retry a diverged job forever).
+TEST(StepMachineTest, DesyncStreakSurvivesRestore) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  RankReport good;
+  RankReport bad = good;
+  bad.grad_norm = 7.0;
+  sim.RunWindow({good, bad});
+  sim.RunWindow({good, bad});
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  sim.RunWindow({good, bad});
+  EXPECT_EQ(sim.state(), v1::FAILED);
+}
+
+// ---------------------------------------------------------------------------------------
+// Idempotence and errors
+
+// Catches: a repeated report that changes state or gets another answer, and a conflicting
+// repeat that is silently accepted.
+TEST(StepMachineTest, RepeatedReportsAreIdempotent) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  // A different n_r for the same window is refused, at both barriers.
+  EXPECT_EQ(CodeOf(sim.Begin(0, 1, 11)), absl::StatusCode::kInvalidArgument);
+  RankReport r;
+  RankReport other_units = r;
+  other_units.units = 11;
+  EXPECT_EQ(CodeOf(sim.Complete(0, 1, other_units)), absl::StatusCode::kInvalidArgument);
+
+  auto c = sim.Complete(0, 1, r);
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->ready);
+  c = sim.Complete(0, 1, r);  // the same report again: still waiting, nothing changed
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->ready);
+  RankReport conflicting = r;
+  conflicting.loss_sum = 11;
+  EXPECT_EQ(CodeOf(sim.Complete(0, 1, conflicting)), absl::StatusCode::kInvalidArgument);
+
+  const size_t records = sim.records().size();
+  c = sim.Complete(1, 1, r);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->ready);
+  const v1::WindowDecision d = c->response.decision();
+  EXPECT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_DOUBLE_EQ(d.record().loss(), 1.0);  // the conflicting report was not taken
+  EXPECT_EQ(sim.records().size(), records + 1);
+
+  for (int rank = 0; rank < 2; ++rank) {
+    c = sim.Complete(rank, 1, r);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c->ready);
+    EXPECT_EQ(c->response.decision().SerializeAsString(), d.SerializeAsString());
+  }
+  EXPECT_EQ(sim.records().size(), records + 1);  // repeats journal nothing
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+}
+
+// Catches: reports from stale generations, wrong ranks, unknown workers or windows out of
+// protocol order that are accepted (or answered with the wrong canonical code).
+TEST(StepMachineTest, RejectsOutOfProtocolReports) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = {sim.AddWorker(), sim.AddWorker()};
+  ASSERT_TRUE(sim.Heartbeat(ids[0]).ok());
+  // Before any generation: generation 1 does not exist yet.
+  v1::BeginWindowRequest early;
+  early.set_job_id(sim.job_id());
+  early.set_worker_id(ids[0]);
+  early.set_generation(1);
+  early.set_window_id(1);
+  EXPECT_EQ(CodeOf(sim.Begin(early)), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sim.Heartbeat(ids[1]).ok());
+
+  // Unknown worker.
+  v1::BeginWindowRequest unknown = sim.BeginRequest(0, 1, 10);
+  unknown.set_worker_id("w-999");
+  EXPECT_EQ(CodeOf(sim.Begin(unknown)), absl::StatusCode::kNotFound);
+  v1::CompleteWindowRequest unknown_c = sim.CompleteRequest(0, 1, {});
+  unknown_c.set_worker_id("w-999");
+  EXPECT_EQ(CodeOf(sim.Complete(unknown_c)), absl::StatusCode::kNotFound);
+  v1::HeartbeatRequest unknown_hb;
+  unknown_hb.set_worker_id("w-999");
+  EXPECT_EQ(CodeOf(sim.machine().Heartbeat(unknown_hb, sim.now())), absl::StatusCode::kNotFound);
+  v1::ReportFailureRequest unknown_f;
+  unknown_f.set_worker_id("w-999");
+  EXPECT_EQ(CodeOf(sim.machine().ReportFailure(unknown_f, sim.now())),
+            absl::StatusCode::kNotFound);
+
+  // Wrong rank.
+  v1::BeginWindowRequest wrong_rank = sim.BeginRequest(0, 1, 10);
+  wrong_rank.set_rank(1);
+  EXPECT_EQ(CodeOf(sim.Begin(wrong_rank)), absl::StatusCode::kFailedPrecondition);
+  // A generation from the future.
+  v1::BeginWindowRequest future = sim.BeginRequest(0, 1, 10);
+  future.set_generation(2);
+  EXPECT_EQ(CodeOf(sim.Begin(future)), absl::StatusCode::kFailedPrecondition);
+  // Too far ahead: only the next window and the one after it (prefetch) exist.
+  EXPECT_EQ(CodeOf(sim.Begin(0, 3, 10)), absl::StatusCode::kFailedPrecondition);
+  // Negative units.
+  EXPECT_EQ(CodeOf(sim.Begin(0, 1, -1)), absl::StatusCode::kInvalidArgument);
+  RankReport negative;
+  negative.micro_steps = -1;
+  EXPECT_EQ(CodeOf(sim.Complete(0, 1, negative)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim.progress().window_id(), 0);
+
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  // An old window of the current generation that is no longer in the recent decisions' key.
+  RankReport bad;
+  bad.grad_norm = 9;
+  ASSERT_EQ(sim.RunWindow({RankReport{}, bad}).reason(), "DESYNC");  // window 2, gen 1 → gen 2
+  ASSERT_EQ(sim.generation(), 2);
+  EXPECT_EQ(CodeOf(sim.Begin(0, 1, 10)), absl::StatusCode::kAborted);  // window 1 already ended
+
+  // Stale generation: a report for gen 1 of a window that gen 1 never decided.
+  v1::BeginWindowRequest stale = sim.BeginRequest(0, 3, 10);
+  stale.set_generation(1);
+  absl::StatusOr<Answer<v1::BeginWindowResponse>> s = sim.Begin(stale);
+  EXPECT_EQ(CodeOf(s), absl::StatusCode::kAborted);
+  v1::CompleteWindowRequest stale_c = sim.CompleteRequest(0, 2, {});
+  stale_c.set_generation(1);
+  stale_c.set_window_id(3);
+  EXPECT_EQ(CodeOf(sim.Complete(stale_c)), absl::StatusCode::kAborted);
+  EXPECT_EQ(sim.progress().window_id(), 1);
+}
+
+// Catches: a CompleteWindow that does not count the rank's units when its BeginWindow was
+// lost (the coordinator restarted between the two), so the window never ends.
+TEST(StepMachineTest, CompleteWithoutBeginCountsUnits) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());  // a restarted coordinator
+  auto c = sim.Complete(0, 2, RankReport{30, 30, false, 1.0, 2, 1});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->ready);
+  c = sim.Complete(1, 2, RankReport{10, 10, false, 1.0, 2, 1});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->ready);
+  EXPECT_EQ(c->response.decision().outcome(), v1::COMMIT);
+  EXPECT_EQ(c->response.decision().record().global_valid_tokens(), 40);
+  EXPECT_DOUBLE_EQ(c->response.decision().record().loss(), 1.0);
+  EXPECT_EQ(sim.progress().cumulative_tokens(), 60);
+
+  // Mixed: rank 0 began window 3, rank 1 only completes it.
+  EXPECT_FALSE(sim.Begin(0, 3, 5)->ready);
+  EXPECT_FALSE(sim.Complete(0, 3, RankReport{5, 5, false, 1.0, 2, 1})->ready);
+  c = sim.Complete(1, 3, RankReport{5, 7, false, 1.0, 2, 1});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->ready);
+  EXPECT_EQ(c->response.decision().record().global_valid_tokens(), 12);
+}
+
+// ---------------------------------------------------------------------------------------
+// Lost workers
+
+// Catches: a lost rank that does not abort the window in flight, a new generation that
+// drops survivors or misorders them, a wrong state source, or a retry under another
+// window id.
+TEST(StepMachineTest, LeaseExpiryAbortsWindowAndRetriesInNewGeneration) {
+  SpecOptions o;
+  o.workers = 3;
+  SimulatedRanks sim(ResolvedSpec(o));
+  const std::vector<std::string> g1 = sim.Start(3);
+  const std::string standby = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(standby).ok());
+  ASSERT_EQ(sim.RunWindow(Reports(3)).outcome(), v1::COMMIT);
+
+  sim.BeginAll(2, {10, 10, 10});
+  ASSERT_FALSE(sim.Complete(1, 2, RankReport{})->ready);
+  const v1::CompleteWindowRequest rank1_report = sim.CompleteRequest(1, 2, RankReport{});
+  EXPECT_EQ(sim.machine().NextDeadline(), sim.now() + absl::Seconds(10));
+  const size_t before = sim.records().size();
+  sim.Lose({g1[0]});  // rank 0 dies mid-window
+
+  // The records: the abort, the loss, the new generation, in that order.
+  std::vector<v1::JournalRecord> fresh(sim.records().begin() + before, sim.records().end());
+  ASSERT_EQ(fresh.size(), 3u);
+  ASSERT_TRUE(fresh[0].has_window_ended());
+  const v1::WindowDecision& abort = fresh[0].window_ended().decision();
+  EXPECT_EQ(abort.outcome(), v1::ABORT);
+  EXPECT_EQ(abort.reason(), "WORKER_LOST");
+  EXPECT_EQ(abort.record().window_id(), 2);
+  EXPECT_EQ(abort.record().generation(), 1);
+  EXPECT_EQ(abort.record().global_valid_tokens(), 30);
+  EXPECT_EQ(abort.optimizer_update_id(), 1);
+  ASSERT_TRUE(fresh[1].has_worker_lost());
+  EXPECT_EQ(fresh[1].worker_lost().worker_id(), g1[0]);
+  ASSERT_TRUE(fresh[2].has_generation_formed());
+  const v1::GenerationFormed& f = fresh[2].generation_formed();
+  EXPECT_EQ(f.generation(), 2);
+  EXPECT_THAT(f.worker_ids(), ElementsAre(g1[1], g1[2], standby));  // survivors first
+  EXPECT_EQ(f.assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(f.assignment().source_rank(), 0);
+  EXPECT_EQ(f.assignment().next_window_id(), 2);
+  EXPECT_EQ(f.assignment().optimizer_update_id(), 1);
+  EXPECT_EQ(f.assignment().scheduler_step(), 1);
+  EXPECT_FALSE(f.rolled_back());
+
+  // The survivor that had reported learns of the abort by asking again.
+  auto again = sim.Complete(rank1_report);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->ready);
+  EXPECT_EQ(again->response.decision().outcome(), v1::ABORT);
+  // The lost worker is fenced off.
+  EXPECT_EQ(CodeOf(sim.Heartbeat(g1[0])), absl::StatusCode::kFailedPrecondition);
+
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.window_id(), 1);
+  EXPECT_EQ(p.optimizer_update_id(), 1);
+  EXPECT_EQ(p.windows_aborted(), 1);
+  const v1::WindowDecision retry = sim.RunWindow(Reports(3));
+  EXPECT_EQ(retry.outcome(), v1::COMMIT);
+  EXPECT_EQ(retry.record().window_id(), 2);
+  EXPECT_EQ(retry.record().generation(), 2);
+  EXPECT_EQ(retry.optimizer_update_id(), 2);
+}
+
+// Catches: a generation formed with fewer workers than workers.count, a lost worker with
+// no window in flight that leaves an ABORT record, or a job that never resumes when a
+// replacement joins.
+TEST(StepMachineTest, LostWorkerWithoutStandbyWaitsForReplacement) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> g1 = sim.Start(2);
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  sim.Lose({g1[1]});
+  EXPECT_EQ(sim.progress().windows_aborted(), 0);  // nothing was in flight
+  EXPECT_EQ(sim.generation(), 1);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  EXPECT_EQ(CodeOf(sim.Begin(0, 2, 10)), absl::StatusCode::kAborted);  // generation 1 is over
+  auto hb = sim.Heartbeat(g1[0]);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_FALSE(hb->assigned());
+
+  const std::string fresh = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(fresh).ok());
+  EXPECT_EQ(sim.generation(), 2);
+  EXPECT_THAT(sim.Ranks(), ElementsAre(g1[0], fresh));
+  hb = sim.Heartbeat(fresh);
+  ASSERT_TRUE(hb->assigned());
+  EXPECT_EQ(hb->assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(hb->assignment().next_window_id(), 2);
+  EXPECT_EQ(sim.RunWindow().record().window_id(), 2);
+}
+
+// Catches: all replicas lost after updates without a rollback to the latest durable
+// checkpoint (ids, tokens and scale must return to that checkpoint's).
+TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 2))));
+  const std::vector<std::string> g1 = sim.Start(2);
+  ASSERT_TRUE(sim.RunWindow().write_checkpoint() == false);
+  const v1::WindowDecision d2 = sim.RunWindow();
+  ASSERT_TRUE(d2.write_checkpoint());
+  ASSERT_TRUE(sim.Ack(d2.checkpoint_id(), 2).ok());
+  const double scale_at_ckpt = sim.progress().loss_scale();
+  RankReport inf;
+  inf.found_inf = true;
+  sim.RunWindow(Reports(2, inf));  // window 3: skip, scale backs off
+  sim.RunWindow();                 // window 4: update 3
+  const v1::WindowDecision d5 = sim.RunWindow();  // update 4: checkpoint 2, never acked
+  ASSERT_TRUE(d5.write_checkpoint());
+  ASSERT_EQ(sim.progress().optimizer_update_id(), 4);
+
+  sim.Lose(g1);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 4);  // not rolled back until a generation forms
+  const size_t before = sim.records().size();
+  const std::vector<std::string> g2 = sim.Start(2);
+  const v1::GenerationFormed* f = nullptr;
+  for (size_t i = before; i < sim.records().size(); ++i) {
+    if (sim.records()[i].has_generation_formed()) f = &sim.records()[i].generation_formed();
+  }
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(f->rolled_back());
+  EXPECT_EQ(f->rollback_to().checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(f->assignment().state_source(), v1::Assignment::CHECKPOINT);
+  EXPECT_EQ(f->assignment().checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(f->assignment().optimizer_update_id(), 2);
+  EXPECT_EQ(f->assignment().scheduler_step(), 2);
+  EXPECT_EQ(f->assignment().next_window_id(), 3);
+  EXPECT_FALSE(f->assignment().has_pending_checkpoint_id());  // checkpoint 1 is durable
+
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.generation(), 2);
+  EXPECT_EQ(p.window_id(), 2);
+  EXPECT_EQ(p.optimizer_update_id(), 2);
+  EXPECT_EQ(p.scheduler_step(), 2);
+  EXPECT_EQ(p.cumulative_tokens(), 40);
+  EXPECT_EQ(p.checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(p.durable_checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(p.loss_scale(), scale_at_ckpt);
+  // Checkpoint 2 of the lost state can never be acknowledged.
+  EXPECT_EQ(CodeOf(sim.Ack(d5.checkpoint_id(), 4, g2[0])), absl::StatusCode::kNotFound);
+
+  const v1::WindowDecision next = sim.RunWindow();
+  EXPECT_EQ(next.record().window_id(), 3);
+  EXPECT_EQ(next.optimizer_update_id(), 3);
+  const v1::WindowDecision ck = sim.RunWindow();
+  ASSERT_TRUE(ck.write_checkpoint());
+  EXPECT_GT(ck.checkpoint_id(), d5.checkpoint_id());  // checkpoint ids are never reused
+}
+
+// Catches: a rollback with no durable checkpoint that keeps the lost ids instead of
+// restarting from the initial weights (INIT) with every id at 0.
+TEST(StepMachineTest, AllLostWithoutDurableCheckpointRestartsFromInit) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024, 1)));
+  const std::vector<std::string> g1 = sim.Start(2);
+  sim.RunWindow();
+  sim.RunWindow();
+  ASSERT_EQ(sim.progress().loss_scale(), 4096);
+  sim.Lose(g1);
+  const size_t before = sim.records().size();
+  sim.Start(2);
+  const v1::GenerationFormed* f = nullptr;
+  for (size_t i = before; i < sim.records().size(); ++i) {
+    if (sim.records()[i].has_generation_formed()) f = &sim.records()[i].generation_formed();
+  }
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(f->rolled_back());
+  EXPECT_EQ(f->assignment().state_source(), v1::Assignment::INIT);
+  EXPECT_EQ(f->assignment().next_window_id(), 1);
+  EXPECT_EQ(f->assignment().optimizer_update_id(), 0);
+  const v1::JobProgress p = sim.progress();
+  EXPECT_EQ(p.window_id(), 0);
+  EXPECT_EQ(p.optimizer_update_id(), 0);
+  EXPECT_EQ(p.scheduler_step(), 0);
+  EXPECT_EQ(p.cumulative_tokens(), 0);
+  EXPECT_EQ(p.checkpoint_id(), 0);
+  EXPECT_EQ(p.loss_scale(), 1024);
+  EXPECT_EQ(sim.RunWindow().record().window_id(), 1);
+}
+
+// Catches: a fresh job whose workers all die before any update being "rolled back" (or
+// losing checkpoint 0's pending write).
+TEST(StepMachineTest, AllLostBeforeAnyUpdateStartsFresh) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(10)));
+  const std::vector<std::string> g1 = sim.Start(2);
+  sim.Lose(g1);
+  const std::vector<std::string> g2 = sim.Start(2);
+  auto hb = sim.Heartbeat(g2[0]);
+  ASSERT_TRUE(hb.ok());
+  ASSERT_TRUE(hb->assigned());
+  EXPECT_EQ(hb->assignment().generation(), 2);
+  EXPECT_EQ(hb->assignment().state_source(), v1::Assignment::INIT);
+  ASSERT_TRUE(hb->assignment().has_pending_checkpoint_id());
+  EXPECT_EQ(hb->assignment().pending_checkpoint_id(), 0);
+  EXPECT_FALSE(sim.machine().Snapshot().generation().rolled_back());
+}
+
+// ---------------------------------------------------------------------------------------
+// Checkpoints
+
+// Catches: checkpoint 0 not requested from rank 0 before window 1, or requested from
+// every rank (all would write the same directory).
+TEST(StepMachineTest, CheckpointZeroPendingForRankZeroOnly) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(10)));
+  const std::vector<std::string> ids = sim.Start(2);
+  auto hb0 = sim.Heartbeat(ids[0]);
+  auto hb1 = sim.Heartbeat(ids[1]);
+  ASSERT_TRUE(hb0.ok() && hb1.ok());
+  ASSERT_TRUE(hb0->assignment().has_pending_checkpoint_id());
+  EXPECT_EQ(hb0->assignment().pending_checkpoint_id(), 0);
+  EXPECT_FALSE(hb1->assignment().has_pending_checkpoint_id());
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), -1);
+  ASSERT_TRUE(sim.Ack(0, 0).ok());
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), 0);
+}
+
+// Catches: an ack that is not idempotent, journals twice, or accepts a checkpoint of the
+// wrong update, an unknown checkpoint, or a job without checkpoints.
+TEST(StepMachineTest, AckCheckpoint) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(1)));
+  sim.Start(2);
+  const v1::WindowDecision d = sim.RunWindow();
+  ASSERT_TRUE(d.write_checkpoint());
+  ASSERT_EQ(d.checkpoint_id(), 1);
+  EXPECT_EQ(CodeOf(sim.Ack(1, 2)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(sim.Ack(7, 1)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(sim.Ack(1, 1, "w-999")), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), -1);
+  const size_t before = sim.records().size();
+  ASSERT_TRUE(sim.Ack(1, 1).ok());
+  EXPECT_EQ(sim.records().size(), before + 1);
+  ASSERT_TRUE(sim.records().back().has_checkpoint_durable());
+  EXPECT_EQ(sim.records().back().checkpoint_durable().path(), "/ckpt/ckpt-1");
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), 1);
+  ASSERT_TRUE(sim.Ack(1, 1).ok());
+  EXPECT_EQ(sim.records().size(), before + 1);  // idempotent
+
+  SimulatedRanks off(ResolvedSpec({}));
+  off.Start(2);
+  off.RunWindow();
+  EXPECT_EQ(CodeOf(off.Ack(0, 0)), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------------------
+// Stop conditions
+
+// Catches: a job that ends before its final checkpoint is durable, or never ends.
+TEST(StepMachineTest, MaxUpdatesEndsAfterFinalCheckpointAck) {
+  SimulatedRanks sim(ResolvedSpec([] {
+    SpecOptions o = WithCheckpoints(100);
+    o.max_updates = 2;
+    return o;
+  }()));
+  sim.Start(2);
+  EXPECT_FALSE(sim.RunWindow().job_done());
+  const v1::WindowDecision last = sim.RunWindow();
+  EXPECT_TRUE(last.job_done());
+  ASSERT_TRUE(last.write_checkpoint());  // the final update is always checkpointed
+  EXPECT_EQ(last.checkpoint_id(), 1);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  EXPECT_EQ(CodeOf(sim.Begin(0, 3, 10)), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sim.Ack(1, 2).ok());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+  EXPECT_EQ(sim.job().end_time_ms(), absl::ToUnixMillis(sim.now()));
+  EXPECT_EQ(sim.progress().max_updates(), 2);
+  EXPECT_FALSE(sim.machine().NextDeadline().has_value());
+}
+
+// Catches: a job without checkpoints that waits for an ack that never comes.
+TEST(StepMachineTest, MaxUpdatesWithoutCheckpointsEndsAtOnce) {
+  SpecOptions o;
+  o.max_updates = 2;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  RankReport inf;
+  inf.found_inf = true;
+  sim.RunWindow();
+  EXPECT_EQ(sim.RunWindow(Reports(2, inf)).reason(), "OVERFLOW");  // skips do not count
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  const v1::WindowDecision last = sim.RunWindow();
+  EXPECT_TRUE(last.job_done());
+  EXPECT_FALSE(last.write_checkpoint());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 2);
+  EXPECT_EQ(sim.progress().window_id(), 3);
+}
+
+// Catches: stop.epochs counted in updates instead of windows, or a wrong epoch index.
+TEST(StepMachineTest, EpochsEndTheJob) {
+  SpecOptions o;
+  o.epochs = 2;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.set_samples(10);  // 3 windows an epoch (tail dynamic)
+  sim.Start(2);
+  std::vector<int64_t> epochs;
+  RankReport inf;
+  inf.found_inf = true;
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(sim.state(), v1::RUNNING) << i;
+    const v1::WindowDecision d = sim.RunWindow(i == 2 ? Reports(2, inf) : Reports(2));
+    epochs.push_back(d.record().epoch());
+    EXPECT_EQ(d.job_done(), i == 5);
+  }
+  EXPECT_THAT(epochs, ElementsAre(0, 0, 0, 1, 1, 1));
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+  EXPECT_EQ(sim.progress().window_id(), 6);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 5);
+}
+
+// Catches: a job whose last window is a skip ending without a checkpoint of its last
+// commit (the final weights would be lost).
+TEST(StepMachineTest, FinalCheckpointAssignedWhenLastWindowSkips) {
+  SpecOptions o = WithCheckpoints(100);
+  o.epochs = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.set_samples(12);  // 3 windows
+  sim.Start(2);
+  sim.RunWindow();
+  sim.RunWindow();
+  RankReport inf;
+  inf.found_inf = true;
+  const v1::WindowDecision last = sim.RunWindow(Reports(2, inf));
+  EXPECT_EQ(last.outcome(), v1::SKIP);
+  EXPECT_TRUE(last.job_done());
+  ASSERT_TRUE(last.write_checkpoint());
+  EXPECT_EQ(last.checkpoint_id(), 1);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  EXPECT_EQ(CodeOf(sim.Ack(1, 1)), absl::StatusCode::kInvalidArgument);  // it holds update 2
+  ASSERT_TRUE(sim.Ack(1, 2).ok());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+}
+
+// Catches: a second, redundant final checkpoint when the last commit was already
+// checkpointed, or a job that ends before that checkpoint is durable.
+TEST(StepMachineTest, NoExtraFinalCheckpointWhenLastCommitWasCheckpointed) {
+  SpecOptions o = WithCheckpoints(2);
+  o.epochs = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.set_samples(12);
+  sim.Start(2);
+  sim.RunWindow();
+  ASSERT_TRUE(sim.RunWindow().write_checkpoint());
+  RankReport inf;
+  inf.found_inf = true;
+  const v1::WindowDecision last = sim.RunWindow(Reports(2, inf));
+  EXPECT_TRUE(last.job_done());
+  EXPECT_FALSE(last.write_checkpoint());
+  EXPECT_EQ(sim.state(), v1::RUNNING);  // checkpoint 1 is not durable yet
+  ASSERT_TRUE(sim.Ack(1, 2).ok());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+}
+
+// Catches: the final checkpoint forgotten when its writer (rank 0) dies before acking it:
+// the next generation's rank 0 must write it, and the job ends only after that ack.
+TEST(StepMachineTest, FinalCheckpointReassignedWhenWriterDies) {
+  SpecOptions o = WithCheckpoints(100);
+  o.max_updates = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  const std::vector<std::string> g1 = sim.Start(2);
+  const v1::WindowDecision last = sim.RunWindow();
+  ASSERT_TRUE(last.write_checkpoint());
+  ASSERT_TRUE(last.job_done());
+  sim.Lose({g1[0]});
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  const std::string standby = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(standby).ok());
+  EXPECT_THAT(sim.Ranks(), ElementsAre(g1[1], standby));
+  auto hb0 = sim.Heartbeat(g1[1]);
+  auto hb1 = sim.Heartbeat(standby);
+  ASSERT_TRUE(hb0.ok() && hb1.ok());
+  ASSERT_TRUE(hb0->assigned());
+  EXPECT_EQ(hb0->assignment().state_source(), v1::Assignment::BROADCAST);
+  ASSERT_TRUE(hb0->assignment().has_pending_checkpoint_id());
+  EXPECT_EQ(hb0->assignment().pending_checkpoint_id(), last.checkpoint_id());
+  EXPECT_FALSE(hb1->assignment().has_pending_checkpoint_id());
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  ASSERT_TRUE(sim.Ack(last.checkpoint_id(), 1, g1[1]).ok());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+}
+
+// ---------------------------------------------------------------------------------------
+// Cancel, failures, ended jobs
+
+// Catches: cancel that leaves the job running, cancels twice, or lets workers go on.
+TEST(StepMachineTest, Cancel) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  ASSERT_TRUE(sim.machine().Cancel(sim.now()).ok());
+  sim.Drain();
+  EXPECT_EQ(sim.state(), v1::CANCELLED);
+  EXPECT_THAT(sim.job().message(), HasSubstr("cancel"));
+  EXPECT_EQ(CodeOf(sim.machine().Cancel(sim.now())), absl::StatusCode::kFailedPrecondition);
+  auto c = sim.Complete(0, 1, RankReport{});
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(MessageOf(c), HasSubstr("CANCELLED"));
+  auto hb = sim.Heartbeat(ids[0]);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->job_state(), v1::CANCELLED);
+  EXPECT_FALSE(hb->assigned());
+  EXPECT_FALSE(sim.machine().NextDeadline().has_value());
+  sim.Advance(absl::Minutes(5));
+  const size_t before = sim.records().size();
+  sim.Tick();  // leases of an ended job do not matter
+  EXPECT_EQ(sim.records().size(), before);
+}
+
+// Catches: a worker's fatal error that does not fail the job, or loses its message.
+TEST(StepMachineTest, ReportFailureFailsTheJob) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = sim.Start(2);
+  v1::ReportFailureRequest req;
+  req.set_job_id(sim.job_id());
+  req.set_worker_id(ids[1]);
+  req.set_message("cannot read /data/x.txt: permission denied");
+  ASSERT_TRUE(sim.machine().ReportFailure(req, sim.now()).ok());
+  sim.Drain();
+  EXPECT_EQ(sim.state(), v1::FAILED);
+  EXPECT_THAT(sim.job().message(), HasSubstr("cannot read /data/x.txt: permission denied"));
+  EXPECT_THAT(sim.job().message(), HasSubstr(ids[1]));
+  EXPECT_THAT(sim.job().message(), HasSubstr("host-2"));
+  // A second report does not overwrite the first message.
+  req.set_message("other");
+  ASSERT_TRUE(sim.machine().ReportFailure(req, sim.now()).ok());
+  EXPECT_THAT(sim.job().message(), HasSubstr("permission denied"));
+}
+
+// Catches: an ended job that still accepts reports or registrations, or that no longer
+// answers a repeated report of its last window.
+TEST(StepMachineTest, ReportsAfterTheJobEnded) {
+  SpecOptions o;
+  o.max_updates = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  const v1::WindowDecision last = sim.RunWindow();
+  ASSERT_EQ(sim.state(), v1::SUCCEEDED);
+  auto c = sim.Complete(0, 1, RankReport{});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->ready);
+  EXPECT_EQ(c->response.decision().SerializeAsString(), last.SerializeAsString());
+  EXPECT_EQ(CodeOf(sim.Begin(0, 2, 10)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CodeOf(sim.Complete(0, 2, RankReport{})), absl::StatusCode::kFailedPrecondition);
+  v1::RegisterWorkerRequest reg;
+  reg.set_job_id(sim.job_id());
+  EXPECT_EQ(CodeOf(sim.registry().RegisterWorker(reg, sim.now())),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------------------
+// REFERENCE worked numbers that belong to the coordinator
+
+// Catches: clipping against the scaled norm (S·‖g‖ = 16 → coefficient 1/16, the update nearly
+// erased) instead of the unscaled norm the workers report (2.0 → 0.5, clipped norm 1.0).
+TEST(ReferenceNumbersTest, ClipUsesUnscaledNorm) {
+  SpecOptions o = Fp16(/*init_scale=*/8);
+  o.workers = 1;
+  o.max_grad_norm = 1.0;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(1);
+  EXPECT_EQ(sim.BeginAll(1, {30}).loss_scale(), 8);
+  RankReport r;
+  r.grad_norm = 2.0;  // K = 3, S = 8: accumulated 16, unscaled 2.0
+  r.micro_steps = 3;
+  const v1::WindowDecision d = sim.CompleteAll(1, {r});
+  ASSERT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_NEAR(d.clip_coef(), 0.5, 1e-6);
+  EXPECT_NEAR(d.record().grad_norm_post_clip(), 1.0, 1e-6);
+  EXPECT_GT(d.clip_coef(), 1.0 / 16 * 4);  // far from the scaled-space answer
+  EXPECT_EQ(d.record().grad_norm_pre_clip(), 2.0);
+}
+
+// Catches: a scheduler that counts micro-batches (8) instead of optimizer updates (2).
+TEST(ReferenceNumbersTest, TwoKMicroBatchesAdvanceSchedulerTwice) {
+  SpecOptions o;
+  o.workers = 1;
+  o.accumulation_steps = 4;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(1);
+  RankReport r;
+  r.micro_steps = 4;
+  sim.RunWindow({r});
+  const v1::WindowDecision d = sim.RunWindow({r});
+  EXPECT_EQ(d.scheduler_step(), 2);
+  EXPECT_EQ(sim.progress().scheduler_step(), 2);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 2);
+  int64_t micro = 0;
+  for (const v1::UpdateRecord& u : sim.machine().updates()) micro += u.micro_steps();
+  EXPECT_EQ(micro, 8);
+}
+
+// Catches: an overflow in one micro-batch that backs the scale off once per micro-batch
+// (K times) or advances the scheduler.
+TEST(ReferenceNumbersTest, OneOverflowWindowOfTwo) {
+  SpecOptions o = Fp16(65536);
+  o.workers = 1;
+  o.accumulation_steps = 4;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(1);
+  RankReport r;
+  r.micro_steps = 4;
+  RankReport inf = r;
+  inf.found_inf = true;  // overflow in micro-batch 2: seen once, after the all-reduce
+  sim.RunWindow({inf});
+  sim.RunWindow({r});
+  EXPECT_EQ(sim.progress().scheduler_step(), 1);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+  EXPECT_EQ(sim.progress().loss_scale(), 32768);  // ×0.5 exactly once
+  EXPECT_EQ(sim.progress().window_id(), 2);
+}
+
+}  // namespace
+}  // namespace trainstep

@@ -1,0 +1,77 @@
+// The samples of a job: read once from the files (or generated) that a resolved JobSpec
+// names, then immutable. No LibTorch: tensors are made from these vectors by the caller.
+#ifndef TRAINSTEP_WORKER_DATA_DATASET_H_
+#define TRAINSTEP_WORKER_DATA_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainstep/v1/spec.pb.h"
+
+namespace trainstep::data {
+
+// The label of a position that is not trained (padding, prompt), as in PyTorch's
+// cross_entropy(ignore_index=-100).
+inline constexpr int32_t kIgnoreLabel = -100;
+
+// One training example. Token-level data (text, jsonl) fills input_ids and labels (same
+// length ≥ 1); sample-level data (synthetic_regression) fills features and targets.
+struct Sample {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> labels;  // kIgnoreLabel = not trained
+  std::vector<float> features;
+  std::vector<float> targets;
+};
+
+// Tokens that enter a causal LM loss: labels[1:] that are not kIgnoreLabel. Position t
+// predicts labels[t+1], so labels[0] is never a target and a 1-token sample has none.
+int64_t ValidTokens(const Sample& s);
+
+// The samples of a job, in file order. Immutable after Load, so thread-safe; cheap to move,
+// expensive to copy (copying is allowed but rarely wanted).
+class Dataset {
+ public:
+  // Loads the data of a RESOLVED spec (see ResolveJobSpec):
+  //   text: every regular file under data.text.paths (directories recursively), sorted by
+  //     full path, each read once, as one byte stream (token = byte) cut into samples of
+  //     data.text.seq_len tokens; a last partial sample is kept if it has ≥ 2 tokens. A
+  //     model.torchscript with vocab_size < 256 rejects bytes it has no id for.
+  //   jsonl: one {"input_ids": [...], "labels": [...]} object a line; blank lines skipped;
+  //     labels default to input_ids; other keys ignored.
+  //   synthetic_regression: x ~ N(0, 1), y = W x + 0.1·sin(x₀), W ~ N(0, 1/in_features),
+  //     from the spec's seed; sample i does not depend on data.synthetic_regression.samples.
+  // Errors name the field or the file and line:
+  //   NOT_FOUND "data.text.paths[1]: /x/y does not exist"
+  //   INVALID_ARGUMENT "/data/train.jsonl:17: labels has 12 entries, input_ids 13"
+  // An empty dataset is INVALID_ARGUMENT.
+  static absl::StatusOr<Dataset> Load(const v1::JobSpec& resolved);
+
+  // A dataset of the given samples, for tests and tools: token-level when the first sample
+  // has input_ids. The samples are not validated.
+  static Dataset FromSamples(std::vector<Sample> samples);
+
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  // 0 ≤ i < size().
+  const Sample& at(int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  bool token_level() const { return token_level_; }
+  // 16 lowercase hex digits: FNV-1a 64 over every sample's content and lengths, in order.
+  // Equal data ⇔ equal fingerprint (up to hash collisions); every worker reports it so the
+  // coordinator can refuse a worker that read different files.
+  const std::string& fingerprint() const { return fingerprint_; }
+
+ private:
+  Dataset(std::vector<Sample> samples, bool token_level);
+
+  std::vector<Sample> samples_;
+  bool token_level_ = true;
+  std::string fingerprint_;  // of samples_, computed once
+};
+
+// Σ ValidTokens over the listed samples: a rank's n_r for BeginWindow, before any forward.
+int64_t ValidTokens(const Dataset& data, const std::vector<int64_t>& indices);
+
+}  // namespace trainstep::data
+
+#endif  // TRAINSTEP_WORKER_DATA_DATASET_H_

@@ -1,0 +1,85 @@
+#include "worker/data/window_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "common/spec.h"
+#include "worker/data/random.h"
+
+namespace trainstep::data {
+
+int64_t WindowsPerEpoch(int64_t dataset_size, int64_t global_batch, bool drop_tail) {
+  if (dataset_size <= 0 || global_batch <= 0) return 0;
+  return drop_tail ? dataset_size / global_batch : (dataset_size + global_batch - 1) / global_batch;
+}
+
+WindowPlanner::WindowPlanner(const v1::JobSpec& resolved, int64_t dataset_size)
+    : shuffle_(resolved.data().shuffle()),
+      seed_(resolved.seed()),
+      micro_batch_size_(resolved.batch().micro_batch_size()),
+      global_batch_(GlobalBatchSamples(resolved)),
+      dataset_size_(std::max<int64_t>(dataset_size, 0)),
+      windows_per_epoch_(WindowsPerEpoch(dataset_size_, global_batch_,
+                                         resolved.batch().tail() == v1::Batch::drop)) {}
+
+int64_t WindowPlanner::EpochOf(int64_t window_id) const {
+  if (window_id < 1 || windows_per_epoch_ <= 0) return 0;
+  return (window_id - 1) / windows_per_epoch_;
+}
+
+std::shared_ptr<const std::vector<int64_t>> WindowPlanner::Order(int64_t epoch) const {
+  if (!shuffle_) {
+    auto order = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(dataset_size_));
+    std::iota(order->begin(), order->end(), int64_t{0});
+    return order;
+  }
+  absl::MutexLock lock(&mu_);
+  if (cached_epoch_ != epoch || cached_order_ == nullptr) {
+    cached_order_ = std::make_shared<const std::vector<int64_t>>(Permutation(
+        dataset_size_, DeriveSeed(seed_, kShuffleStream, static_cast<uint64_t>(epoch))));
+    cached_epoch_ = epoch;
+  }
+  return cached_order_;
+}
+
+std::vector<int64_t> WindowPlanner::EpochOrder(int64_t epoch) const {
+  if (epoch < 0) return {};
+  return *Order(epoch);
+}
+
+std::vector<int64_t> WindowPlanner::WindowSamples(int64_t window_id) const {
+  if (window_id < 1 || windows_per_epoch_ <= 0) return {};
+  const int64_t epoch = EpochOf(window_id);
+  const int64_t index = (window_id - 1) % windows_per_epoch_;
+  const int64_t begin = index * global_batch_;
+  const int64_t end = std::min(dataset_size_, begin + global_batch_);
+  if (!shuffle_) {
+    std::vector<int64_t> out(static_cast<size_t>(end - begin));
+    std::iota(out.begin(), out.end(), begin);
+    return out;
+  }
+  const std::shared_ptr<const std::vector<int64_t>> order = Order(epoch);
+  return std::vector<int64_t>(order->begin() + begin, order->begin() + end);
+}
+
+std::vector<std::vector<int64_t>> WindowPlanner::RankMicroBatches(int64_t window_id, int rank,
+                                                                  int world_size) const {
+  if (world_size < 1 || rank < 0 || rank >= world_size) return {};
+  const std::vector<int64_t> window = WindowSamples(window_id);
+  std::vector<std::vector<int64_t>> micro_batches;
+  // Strided: with W ranks each gets every W-th sample, so a short tail window spreads over
+  // as many ranks as it can instead of leaving the last ranks empty and the first ones full.
+  for (size_t j = static_cast<size_t>(rank); j < window.size();
+       j += static_cast<size_t>(world_size)) {
+    if (micro_batches.empty() ||
+        static_cast<int64_t>(micro_batches.back().size()) >= micro_batch_size_) {
+      micro_batches.emplace_back();
+      micro_batches.back().reserve(static_cast<size_t>(micro_batch_size_));
+    }
+    micro_batches.back().push_back(window[j]);
+  }
+  return micro_batches;
+}
+
+}  // namespace trainstep::data
