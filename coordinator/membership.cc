@@ -11,15 +11,14 @@ void Membership::Add(const v1::WorkerInfo& info, const std::string& request_id,
   e.info.set_rank(-1);
   e.request_id = request_id;
   e.lease_expiry = lease_expiry;
+  index_[info.worker_id()] = order_.size();
   order_.push_back(info.worker_id());
   entries_.push_back(std::move(e));
 }
 
 WorkerEntry* Membership::FindMutable(const std::string& worker_id) {
-  for (size_t i = 0; i < order_.size(); ++i) {
-    if (order_[i] == worker_id) return &entries_[i];
-  }
-  return nullptr;
+  auto it = index_.find(worker_id);
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 const WorkerEntry* Membership::Find(const std::string& worker_id) const {
@@ -55,7 +54,9 @@ void Membership::FormGeneration(const v1::GenerationFormed& formed) {
   broken_ = false;
   members_.assign(formed.worker_ids().begin(), formed.worker_ids().end());
   current_ = formed;
+  rank_of_.clear();
   for (size_t rank = 0; rank < members_.size(); ++rank) {
+    rank_of_[members_[rank]] = static_cast<int32_t>(rank);
     WorkerEntry* e = FindMutable(members_[rank]);
     if (e == nullptr) continue;
     e->info.set_state(v1::ACTIVE);
@@ -117,14 +118,10 @@ std::vector<std::string> Membership::Standbys() const {
 }
 
 int32_t Membership::RankOf(const std::string& worker_id) const {
-  for (size_t rank = 0; rank < members_.size(); ++rank) {
-    if (members_[rank] == worker_id) {
-      const WorkerEntry* e = Find(worker_id);
-      if (e != nullptr && e->info.state() == v1::ACTIVE) return static_cast<int32_t>(rank);
-      return -1;
-    }
-  }
-  return -1;
+  auto it = rank_of_.find(worker_id);
+  if (it == rank_of_.end()) return -1;
+  const WorkerEntry* e = Find(worker_id);
+  return e != nullptr && e->info.state() == v1::ACTIVE ? it->second : -1;
 }
 
 std::vector<v1::WorkerSnapshot> Membership::Snapshot() const {
@@ -143,18 +140,24 @@ void Membership::Restore(const std::vector<v1::WorkerSnapshot>& workers,
                          const v1::GenerationFormed& current, absl::Time lease_expiry) {
   order_.clear();
   entries_.clear();
+  index_.clear();
   for (const v1::WorkerSnapshot& s : workers) {
     WorkerEntry e;
     e.info = s.info();
     e.request_id = s.request_id();
     e.dataset_accepted = s.dataset_accepted();
     e.lease_expiry = lease_expiry;
+    index_[s.info().worker_id()] = order_.size();
     order_.push_back(s.info().worker_id());
     entries_.push_back(std::move(e));
   }
   current_ = current;
   generation_ = current.generation();
   members_.assign(current.worker_ids().begin(), current.worker_ids().end());
+  rank_of_.clear();
+  for (size_t rank = 0; rank < members_.size(); ++rank) {
+    rank_of_[members_[rank]] = static_cast<int32_t>(rank);
+  }
   broken_ = false;
   for (const std::string& id : members_) {
     const WorkerEntry* e = Find(id);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/types.pb.h"
@@ -68,7 +69,9 @@ class Membership {
   WorkerEntry* FindMutable(const std::string& worker_id);
 
   std::vector<std::string> order_;
-  std::vector<WorkerEntry> entries_;  // parallel to order_
+  std::vector<WorkerEntry> entries_;                  // parallel to order_
+  absl::flat_hash_map<std::string, size_t> index_;     // worker id -> position in order_
+  absl::flat_hash_map<std::string, int32_t> rank_of_;  // members_ inverted
   int64_t generation_ = 0;
   bool broken_ = false;
   std::vector<std::string> members_;  // index = rank

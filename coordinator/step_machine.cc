@@ -38,6 +38,7 @@ double ClipCoefficient(std::optional<double> max_grad_norm, double grad_norm) {
 
 bool GradNormsAgree(double a, double b) {
   if (a == b) return true;
+  if (!std::isfinite(a) || !std::isfinite(b)) return false;  // inf tolerance would accept anything
   return std::fabs(a - b) <= kNormRelativeTolerance * std::max(std::fabs(a), std::fabs(b));
 }
 
@@ -50,10 +51,6 @@ void StepMachine::OutcomeCounts::Add(const v1::UpdateRecord& r) {
   } else {
     ++aborted;
   }
-}
-
-bool StepMachine::Attempt::has_any_report() const {
-  return std::any_of(units.begin(), units.end(), [](const auto& u) { return u.has_value(); });
 }
 
 // --- Construction ---
@@ -410,21 +407,21 @@ absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t un
     return absl::OkStatus();
   }
   slot = units;
-  ++version_;
+  ++attempt->units_reported;
+  attempt->total_units += units;
+  // Waiters only care when the barrier can resolve; a partial count wakes nobody.
+  if (attempt->units_reported == static_cast<int32_t>(attempt->units.size())) ++version_;
   return absl::OkStatus();
 }
 
 bool StepMachine::BarrierReady(const Attempt& attempt) const {
-  if (attempt.window_id != last_window_ + 1) return false;
-  return std::all_of(attempt.units.begin(), attempt.units.end(),
-                     [](const auto& u) { return u.has_value(); });
+  return attempt.window_id == last_window_ + 1 &&
+         attempt.units_reported == static_cast<int32_t>(attempt.units.size());
 }
 
 v1::BeginWindowResponse StepMachine::BarrierResponse(const Attempt& attempt) const {
   v1::BeginWindowResponse r;
-  int64_t n = 0;
-  for (const auto& u : attempt.units) n += u.value_or(0);
-  r.set_global_valid_units(n);
+  r.set_global_valid_units(attempt.total_units);
   r.set_loss_scale(scaler_.scale());
   r.set_learning_rate(LearningRate(job_.spec(), scheduler_step_));
   r.set_scheduler_step(scheduler_step_);
@@ -592,10 +589,9 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
     }
   } else {
     slot = req;
-    ++version_;
+    ++attempt->completes_reported;  // the decision's record wakes the waiters
   }
-  const bool all = std::all_of(attempt->complete.begin(), attempt->complete.end(),
-                               [](const auto& c) { return c.has_value(); });
+  const bool all = attempt->completes_reported == static_cast<int32_t>(attempt->complete.size());
   if (!all || !BarrierReady(*attempt)) return answer;
   DecideWindow(*attempt, now);
   const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
@@ -835,7 +831,7 @@ void StepMachine::MaybeEndEmptyWindow(absl::Time now) {
   if (terminal()) return;
   auto it = attempts_.find(last_window_ + 1);
   if (it == attempts_.end() || !BarrierReady(it->second)) return;
-  if (BarrierResponse(it->second).global_valid_units() != 0) return;
+  if (it->second.total_units != 0) return;
   if (FindDecision(membership_.generation(), it->first) != nullptr) return;
   v1::WindowDecision d;
   d.set_outcome(v1::SKIP);
@@ -857,9 +853,7 @@ void StepMachine::AbortInFlight(const std::string& reason, absl::Time now) {
   d.set_reason(reason);
   v1::UpdateRecord* r = d.mutable_record();
   *r = BaseRecord(it->first);
-  int64_t units = 0;
-  for (const auto& u : it->second.units) units += u.value_or(0);
-  r->set_global_valid_tokens(units);
+  r->set_global_valid_tokens(it->second.total_units);
   r->set_window_seconds(absl::ToDoubleSeconds(now - it->second.first_report));
   EndWindow(std::move(d), now);
 }

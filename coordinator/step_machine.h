@@ -100,7 +100,8 @@ class StepMachine {
 
   const std::string& job_id() const { return job_.job_id(); }
   bool terminal() const;
-  // Bumped on every change a waiting caller may care about (records, barrier progress).
+  // Bumped on every change a waiting call may care about: a record applied or a barrier
+  // complete. Partial barrier progress does not bump it, so W reports cost O(W) re-polls.
   uint64_t version() const { return version_; }
 
  private:
@@ -109,7 +110,11 @@ class StepMachine {
     absl::Time first_report;
     std::vector<std::optional<int64_t>> units;  // by rank: n_r (from BeginWindow or CompleteWindow)
     std::vector<std::optional<v1::CompleteWindowRequest>> complete;  // by rank
-    bool has_any_report() const;
+    // Counts kept beside the vectors so each report is O(1), not O(world size).
+    int32_t units_reported = 0;
+    int32_t completes_reported = 0;
+    int64_t total_units = 0;  // Σ n_r reported so far
+    bool has_any_report() const { return units_reported > 0; }
   };
 
   StepMachine(const MachineOptions& options, const v1::Job& job);

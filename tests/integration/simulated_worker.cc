@@ -106,6 +106,7 @@ absl::Status SimulatedWorker::Run() {
   if (absl::Status s = AckPending(*a); !s.ok()) return s;
   int64_t window = a->next_window_id();
   while (!crashed_) {
+    const absl::Time window_start = absl::Now();
     v1::BeginWindowRequest begin;
     begin.set_job_id(job_id_);
     begin.set_worker_id(worker_id_);
@@ -155,6 +156,7 @@ absl::Status SimulatedWorker::Run() {
     {
       absl::MutexLock lock(&mu_);
       decisions_.push_back(decision);
+      window_seconds_.push_back(absl::ToDoubleSeconds(absl::Now() - window_start));
     }
     applied_update_ = decision.optimizer_update_id();
     if (decision.write_checkpoint() && a->rank() == 0) {
@@ -171,6 +173,11 @@ absl::Status SimulatedWorker::Run() {
     ++window;
   }
   return absl::CancelledError("crashed");
+}
+
+std::vector<double> SimulatedWorker::window_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return window_seconds_;
 }
 
 std::vector<v1::WindowDecision> SimulatedWorker::decisions() const {

@@ -45,6 +45,8 @@ class SimulatedWorker {
   void StopHeartbeats();
 
   std::vector<v1::WindowDecision> decisions() const;
+  // Seconds from sending BeginWindow to holding the decision, per decided window.
+  std::vector<double> window_seconds() const;
   const std::string& worker_id() const { return worker_id_; }
 
  private:
@@ -66,6 +68,7 @@ class SimulatedWorker {
   std::thread heartbeats_;
   mutable absl::Mutex mu_;
   std::vector<v1::WindowDecision> decisions_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> window_seconds_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainstep::testing

@@ -1224,6 +1224,7 @@ TEST(ReferenceNumbersTest, ClipUsesUnscaledNorm) {
   sim.Start(1);
   EXPECT_EQ(sim.BeginAll(1, {30}).loss_scale(), 8);
   RankReport r;
+  r.units = 30;
   r.grad_norm = 2.0;  // K = 3, S = 8: accumulated 16, unscaled 2.0
   r.micro_steps = 3;
   const v1::WindowDecision d = sim.CompleteAll(1, {r});

@@ -1,0 +1,489 @@
+#include "coordinator/job_registry.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator/machine_test_util.h"
+
+namespace trainstep {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::HasSubstr;
+using testing_util::RankReport;
+using testing_util::Reports;
+using testing_util::ResolvedSpec;
+using testing_util::SimulatedRanks;
+using testing_util::SpecJson;
+using testing_util::SpecOptions;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+v1::SubmitJobRequest SubmitJson(const std::string& json, const std::string& request_id = "") {
+  v1::SubmitJobRequest req;
+  req.set_spec_json(json);
+  req.set_request_id(request_id);
+  return req;
+}
+
+v1::SubmitJobRequest SubmitWorkers(int workers, const std::string& request_id = "") {
+  SpecOptions o;
+  o.workers = workers;
+  return SubmitJson(SpecJson(o), request_id);
+}
+
+v1::RegisterWorkerRequest Register(const std::string& job_id, const std::string& request_id = "") {
+  v1::RegisterWorkerRequest req;
+  req.set_job_id(job_id);
+  req.set_request_id(request_id);
+  req.set_name("pod");
+  return req;
+}
+
+// Applies every record of `from` to a fresh registry.
+std::unique_ptr<JobRegistry> Replay(const std::vector<v1::JournalRecord>& records) {
+  auto r = std::make_unique<JobRegistry>(MachineOptions{});
+  for (const v1::JournalRecord& rec : records) r->Apply(rec);
+  return r;
+}
+
+// Catches: a retried SubmitJob that creates a second job, or ids consumed by duplicates.
+TEST(JobRegistryTest, SubmitIsIdempotentOnRequestId) {
+  JobRegistry reg{MachineOptions{}};
+  absl::StatusOr<v1::Job> a = reg.Submit(SubmitWorkers(2, "req-1"), kT0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->job_id(), "job-1");
+  EXPECT_EQ(a->state(), v1::PENDING);
+  EXPECT_EQ(a->request_id(), "req-1");
+  EXPECT_EQ(a->spec().workers().count(), 2);
+  EXPECT_EQ(a->submit_time_ms(), absl::ToUnixMillis(kT0));
+  absl::StatusOr<v1::Job> again = reg.Submit(SubmitWorkers(3, "req-1"), kT0 + absl::Seconds(1));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->job_id(), "job-1");
+  EXPECT_EQ(again->spec().workers().count(), 2);  // the first request's job
+  EXPECT_EQ(reg.TakeRecords().size(), 1u);
+
+  EXPECT_EQ(reg.Submit(SubmitWorkers(2, "req-2"), kT0)->job_id(), "job-2");
+  EXPECT_EQ(reg.Submit(SubmitWorkers(2), kT0)->job_id(), "job-3");
+  EXPECT_EQ(reg.Submit(SubmitWorkers(2), kT0)->job_id(), "job-4");  // no request id: no dedup
+  EXPECT_EQ(reg.List().size(), 4u);
+
+  // The index survives replay.
+  std::vector<v1::JournalRecord> records = reg.TakeRecords();
+  std::unique_ptr<JobRegistry> replayed = Replay(records);
+  EXPECT_EQ(replayed->Submit(SubmitWorkers(2, "req-2"), kT0)->job_id(), "job-2");
+}
+
+// Catches: a bad spec that is accepted, creates a job, or fails without naming the field.
+TEST(JobRegistryTest, BadSpecNamesTheField) {
+  JobRegistry reg{MachineOptions{}};
+  const std::string base = R"({"model":{"tiny_gpt":{}},"data":{"text":{"paths":["/d"]}}})";
+  absl::StatusOr<v1::Job> unknown =
+      reg.Submit(SubmitJson(base.substr(0, base.size() - 1) + R"(,"workers":{"cont":2}})"), kT0);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("workers.cont"));
+
+  absl::StatusOr<v1::Job> zero = reg.Submit(
+      SubmitJson(base.substr(0, base.size() - 1) + R"(,"batch":{"micro_batch_size":0}})"), kT0);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.status().message()), HasSubstr("batch.micro_batch_size"));
+
+  EXPECT_EQ(reg.Submit(SubmitJson("{not json"), kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Submit(v1::SubmitJobRequest(), kT0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  v1::SubmitJobRequest proto;
+  proto.mutable_spec()->mutable_workers()->set_count(0);
+  proto.mutable_spec()->mutable_model()->mutable_tiny_gpt();
+  proto.mutable_spec()->mutable_data()->mutable_text()->add_paths("/d");
+  absl::StatusOr<v1::Job> bad_proto = reg.Submit(proto, kT0);
+  EXPECT_EQ(bad_proto.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_proto.status().message()), HasSubstr("workers.count"));
+
+  EXPECT_TRUE(reg.List().empty());
+  EXPECT_TRUE(reg.TakeRecords().empty());
+  EXPECT_EQ(reg.Submit(SubmitJson(base), kT0)->job_id(), "job-1");  // no id was used up
+}
+
+// Catches: job or worker ids reused after a restart (replay or snapshot).
+TEST(JobRegistryTest, IdsSurviveReplayAndRestore) {
+  JobRegistry reg{MachineOptions{}};
+  ASSERT_EQ(reg.Submit(SubmitWorkers(2), kT0)->job_id(), "job-1");
+  ASSERT_EQ(reg.Submit(SubmitWorkers(2), kT0)->job_id(), "job-2");
+  ASSERT_EQ(reg.RegisterWorker(Register("job-2"), kT0)->worker_id(), "w-1");
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1"), kT0)->worker_id(), "w-2");
+  const std::vector<v1::JournalRecord> records = reg.TakeRecords();
+
+  std::unique_ptr<JobRegistry> replayed = Replay(records);
+  EXPECT_EQ(replayed->List().size(), 2u);
+  EXPECT_EQ(replayed->Get("job-2")->job_id(), "job-2");
+  EXPECT_EQ(replayed->ListWorkers("job-2").size(), 1u);
+
+  JobRegistry restored{MachineOptions{}};
+  restored.Restore(replayed->Snapshot(), kT0);
+  for (JobRegistry* r : {replayed.get(), &restored}) {
+    EXPECT_EQ(r->Submit(SubmitWorkers(1), kT0)->job_id(), "job-3");
+    EXPECT_EQ(r->RegisterWorker(Register("job-1"), kT0)->worker_id(), "w-3");
+  }
+  EXPECT_EQ(restored.List()[0].job_id(), "job-1");  // submission order kept
+}
+
+// Catches: a worker without a job id sent to a full, ended or younger job, or accepted
+// when no job needs workers.
+TEST(JobRegistryTest, RegisterWithoutJobPicksOldestJobNeedingWorkers) {
+  JobRegistry reg{MachineOptions{}};
+  EXPECT_EQ(reg.RegisterWorker(Register(""), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  reg.Submit(SubmitWorkers(1), kT0);  // job-1
+  reg.Submit(SubmitWorkers(2), kT0);  // job-2
+  reg.Submit(SubmitWorkers(1), kT0);  // job-3
+  ASSERT_TRUE(reg.Cancel("job-3", kT0).ok());
+  EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-1");
+  EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-2");
+  absl::StatusOr<v1::RegisterWorkerResponse> third = reg.RegisterWorker(Register(""), kT0);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->job_id(), "job-2");
+  EXPECT_EQ(third->spec().workers().count(), 2);  // the resolved spec comes back
+  EXPECT_EQ(third->lease_ms(), 10000);
+  EXPECT_EQ(reg.RegisterWorker(Register(""), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reg.RegisterWorker(Register("job-9"), kT0).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // job-1's worker is lost: job-1 needs a worker again.
+  (*reg.Machine("job-1"))->Tick(kT0 + absl::Minutes(1));
+  EXPECT_EQ(reg.RegisterWorker(Register(""), kT0 + absl::Minutes(1))->job_id(), "job-1");
+}
+
+// Catches: a retried registration that creates a second worker, here or after a replay.
+TEST(JobRegistryTest, RegisterIsIdempotentOnRequestId) {
+  JobRegistry reg{MachineOptions{}};
+  reg.Submit(SubmitWorkers(2), kT0);
+  reg.Submit(SubmitWorkers(2), kT0);
+  const std::string w = reg.RegisterWorker(Register("job-2", "pod-a"), kT0)->worker_id();
+  absl::StatusOr<v1::RegisterWorkerResponse> again = reg.RegisterWorker(Register("", "pod-a"), kT0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker_id(), w);
+  EXPECT_EQ(again->job_id(), "job-2");
+  EXPECT_EQ(reg.ListWorkers("job-2").size(), 1u);
+  std::unique_ptr<JobRegistry> replayed = Replay(reg.TakeRecords());
+  EXPECT_EQ(replayed->RegisterWorker(Register("job-2", "pod-a"), kT0)->worker_id(), w);
+  EXPECT_EQ(replayed->ListWorkers("").size(), 1u);
+  EXPECT_TRUE(replayed->TakeRecords().empty());
+}
+
+// Catches: paging that skips or repeats records, or accepts a token it never issued.
+TEST(JobRegistryTest, ListUpdatesPaging) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  for (int i = 0; i < 5; ++i) sim.RunWindow();
+  JobRegistry& reg = sim.registry();
+  v1::ListUpdatesRequest req;
+  req.set_job_id(sim.job_id());
+  req.set_page_size(2);
+  std::vector<int64_t> windows;
+  std::vector<std::string> tokens;
+  for (int page = 0; page < 10; ++page) {
+    absl::StatusOr<v1::ListUpdatesResponse> resp = reg.ListUpdates(req);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    for (const v1::UpdateRecord& u : resp->updates()) windows.push_back(u.window_id());
+    tokens.push_back(resp->next_page_token());
+    if (resp->next_page_token().empty()) break;
+    req.set_page_token(resp->next_page_token());
+  }
+  EXPECT_THAT(windows, ::testing::ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(tokens.size(), 3u);
+
+  v1::ListUpdatesRequest all;
+  all.set_job_id(sim.job_id());
+  EXPECT_EQ(reg.ListUpdates(all)->updates_size(), 5);  // page_size 0: the default
+  EXPECT_TRUE(reg.ListUpdates(all)->next_page_token().empty());
+
+  for (const char* bad : {"abc", "-1", "1.5"}) {
+    v1::ListUpdatesRequest b = all;
+    b.set_page_token(bad);
+    absl::StatusOr<v1::ListUpdatesResponse> resp = reg.ListUpdates(b);
+    EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  v1::ListUpdatesRequest negative = all;
+  negative.set_page_size(-1);
+  EXPECT_EQ(reg.ListUpdates(negative).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::ListUpdatesRequest unknown;
+  unknown.set_job_id("job-404");
+  EXPECT_EQ(reg.ListUpdates(unknown).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Catches: Get/Cancel of unknown jobs not NOT_FOUND, and a cancel that does not end the job.
+TEST(JobRegistryTest, GetAndCancel) {
+  JobRegistry reg{MachineOptions{}};
+  EXPECT_EQ(reg.Get("job-1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kNotFound);
+  reg.Submit(SubmitWorkers(1), kT0);
+  absl::StatusOr<v1::Job> cancelled = reg.Cancel("job-1", kT0 + absl::Seconds(2));
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->end_time_ms(), absl::ToUnixMillis(kT0 + absl::Seconds(2)));
+  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reg.Get("job-1")->state(), v1::CANCELLED);
+}
+
+// Catches: a journal record routed to the wrong job on replay.
+TEST(JobRegistryTest, JobIdOfEveryRecordKind) {
+  SimulatedRanks sim(ResolvedSpec(testing_util::SpecOptions{}));
+  sim.Start(2);
+  sim.RunWindow();
+  ASSERT_TRUE(sim.machine().Cancel(sim.now()).ok());
+  sim.Drain();
+  std::map<int, int> kinds;
+  for (const v1::JournalRecord& r : sim.records()) {
+    EXPECT_EQ(JobIdOf(r), sim.job_id()) << r.ShortDebugString();
+    ++kinds[r.kind_case()];
+  }
+  EXPECT_GE(kinds.size(), 6u);
+  EXPECT_EQ(JobIdOf(v1::JournalRecord()), "");
+}
+
+// Catches: the earliest lease of all jobs not being the registry's next deadline.
+TEST(JobRegistryTest, NextDeadlineIsEarliestOfAllJobs) {
+  JobRegistry reg{MachineOptions{}};
+  EXPECT_FALSE(reg.NextDeadline().has_value());
+  reg.Submit(SubmitWorkers(1), kT0);
+  reg.Submit(SubmitWorkers(1), kT0);
+  reg.RegisterWorker(Register("job-2"), kT0 + absl::Seconds(3));
+  reg.RegisterWorker(Register("job-1"), kT0 + absl::Seconds(5));
+  EXPECT_EQ(reg.NextDeadline(), kT0 + absl::Seconds(13));
+  reg.Tick(kT0 + absl::Seconds(14));
+  EXPECT_EQ(reg.ListWorkers("job-2")[0].state(), v1::LOST);
+  EXPECT_EQ(reg.ListWorkers("job-1")[0].state(), v1::REGISTERED);
+  EXPECT_EQ(reg.NextDeadline(), kT0 + absl::Seconds(15));
+}
+
+// ---------------------------------------------------------------------------------------
+// Journal replay equivalence
+
+// Fields that are not journaled on purpose (DESIGN: leases are rebuilt by the workers).
+void ClearEphemeral(v1::CoordinatorSnapshot* s) {
+  for (v1::JobSnapshot& job : *s->mutable_jobs()) {
+    for (v1::WorkerSnapshot& w : *job.mutable_workers()) w.mutable_info()->clear_last_heartbeat_ms();
+  }
+}
+
+void ExpectSameSnapshot(const v1::CoordinatorSnapshot& actual,
+                        const v1::CoordinatorSnapshot& expected, const std::string& what) {
+  if (actual.SerializeAsString() == expected.SerializeAsString()) return;
+  std::string diff;
+  MessageDifferencer d;
+  d.ReportDifferencesToString(&diff);
+  d.Compare(expected, actual);
+  ADD_FAILURE() << what << " differs:\n" << diff;
+}
+
+class ReplayChecker {
+ public:
+  explicit ReplayChecker(SimulatedRanks* sim) : sim_(sim), replica_(sim->options()) {}
+
+  // Feeds the new records to the replica, then compares live, replayed and restored states.
+  void Check(const std::string& step) {
+    SCOPED_TRACE(step);
+    for (; applied_ < sim_->records().size(); ++applied_) replica_.Apply(sim_->records()[applied_]);
+    v1::CoordinatorSnapshot live = sim_->registry().Snapshot();
+    v1::CoordinatorSnapshot replayed = replica_.Snapshot();
+    JobRegistry restored(sim_->options());
+    restored.Restore(replayed, sim_->now());
+    ExpectSameSnapshot(restored.Snapshot(), replayed, "Restore(replayed.Snapshot())");
+    JobRegistry restored_live(sim_->options());
+    restored_live.Restore(live, sim_->now());
+    ExpectSameSnapshot(restored_live.Snapshot(), live, "Restore(live.Snapshot())");
+    ClearEphemeral(&live);
+    ClearEphemeral(&replayed);
+    ExpectSameSnapshot(replayed, live, "replayed vs live");
+    ++checks_;
+  }
+  int checks() const { return checks_; }
+
+ private:
+  SimulatedRanks* sim_;
+  JobRegistry replica_;
+  size_t applied_ = 0;
+  int checks_ = 0;
+};
+
+bool GenerationLive(SimulatedRanks& sim) {
+  const std::vector<std::string> ranks = sim.Ranks();
+  if (ranks.empty()) return false;
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(ranks[0]);
+  return hb.ok() && hb->assigned();
+}
+
+void EnsureGeneration(SimulatedRanks& sim) {
+  for (int i = 0; i < 4 && !GenerationLive(sim); ++i) {
+    const std::string w = sim.AddWorker();
+    EXPECT_TRUE(sim.Heartbeat(w).ok());
+  }
+  ASSERT_TRUE(GenerationLive(sim));
+}
+
+// Catches: any state change made outside Apply (live and replayed coordinators would
+// diverge after a restart), and any state Snapshot/Restore loses — checked after every
+// step of a long scenario with commits, skips, aborts, lost workers, rollbacks and
+// checkpoints, on two jobs.
+TEST(JournalReplayTest, ReplayAndRestoreEqualLiveAtEveryStep) {
+  SpecOptions o;
+  o.precision = "fp16";
+  o.loss_scaler = R"({"init_scale":1024,"growth_interval":3,"hysteresis":2})";
+  o.checkpoint_dir = "/ckpt";
+  o.every_updates = 2;
+  o.max_grad_norm = 1.0;
+  o.max_updates = 1000;
+  o.schedule = R"({"warmup_cosine":{"warmup_updates":3,"total_updates":40,"min_lr_ratio":0.1}})";
+  SimulatedRanks sim(ResolvedSpec(o));
+  ReplayChecker checker(&sim);
+  checker.Check("submitted");
+  {  // a second job, never started, shares the registry
+    v1::SubmitJobRequest other;
+    *other.mutable_spec() = ResolvedSpec({});
+    other.set_request_id("other");
+    ASSERT_TRUE(sim.registry().Submit(other, sim.now()).ok());
+    sim.Drain();
+  }
+  sim.Start(2);
+  checker.Check("started");
+  ASSERT_TRUE(sim.Ack(0, 0).ok());
+  checker.Check("ack 0");
+
+  std::mt19937 rng(20240607);
+  auto uniform = [&rng](int n) { return static_cast<int>(rng() % n); };
+  std::vector<std::pair<int64_t, int64_t>> to_ack;  // (checkpoint, update)
+  int desync_streak = 0;
+  std::map<std::string, int> seen;
+  auto note = [&](const v1::WindowDecision& d) {
+    if (d.write_checkpoint()) to_ack.emplace_back(d.checkpoint_id(), d.optimizer_update_id());
+    if (d.outcome() != v1::ABORT) desync_streak = 0;
+    ++seen[d.record().outcome() + "/" + d.record().reason()];
+  };
+  auto random_reports = [&](int world) {
+    std::vector<RankReport> reports;
+    const double norm = 0.1 + uniform(300) / 100.0;
+    for (int r = 0; r < world; ++r) {
+      RankReport rep;
+      rep.units = 1 + uniform(50);
+      rep.loss_sum = rep.units * (0.5 + uniform(100) / 100.0);
+      rep.grad_norm = norm;
+      rep.micro_steps = 2;
+      reports.push_back(rep);
+    }
+    return reports;
+  };
+
+  for (int step = 0; step < 120 && sim.state() == v1::RUNNING; ++step) {
+    sim.Advance(absl::Milliseconds(1 + uniform(500)));
+    EnsureGeneration(sim);
+    const int world = static_cast<int>(sim.Ranks().size());
+    std::vector<RankReport> reports = random_reports(world);
+    const int pick = uniform(100);
+    std::string what;
+    if (pick < 40) {
+      what = "commit";
+      note(sim.RunWindow(reports));
+    } else if (pick < 50) {
+      what = "overflow";
+      for (RankReport& r : reports) r.found_inf = true;
+      note(sim.RunWindow(reports));
+    } else if (pick < 54) {
+      what = "nonfinite loss";
+      reports[0].loss_sum = std::numeric_limits<double>::quiet_NaN();
+      note(sim.RunWindow(reports));
+    } else if (pick < 59) {
+      what = "empty";
+      const int64_t w = sim.next_window();
+      sim.BeginAll(w, std::vector<int64_t>(world, 0));
+      auto a = sim.Begin(0, w, 0);
+      ASSERT_TRUE(a.ok() && a->ready);
+      note(a->response.decision());
+    } else if (pick < 66 && desync_streak < 2) {
+      what = "desync";
+      reports[world - 1].grad_norm *= 2;
+      ++desync_streak;
+      note(sim.RunWindow(reports));
+    } else if (pick < 76) {
+      what = "worker lost mid-window";
+      const int64_t w = sim.next_window();
+      std::vector<int64_t> units;
+      for (const RankReport& r : reports) units.push_back(r.units);
+      sim.BeginAll(w, units);
+      sim.Complete(0, w, reports[0]);
+      const std::string standby = sim.AddWorker();
+      ASSERT_TRUE(sim.Heartbeat(standby).ok());
+      checker.Check(absl::StrCat("step ", step, " standby joined"));
+      sim.Lose({sim.Ranks().back()});
+    } else if (pick < 81) {
+      what = "all workers lost";
+      sim.Lose(sim.Ranks());
+      checker.Check(absl::StrCat("step ", step, " all lost"));
+      EnsureGeneration(sim);
+    } else if (pick < 88) {
+      what = "prefetch";
+      const int64_t w = sim.next_window();
+      std::vector<int64_t> units;
+      for (const RankReport& r : reports) units.push_back(r.units);
+      sim.BeginAll(w, units);
+      for (int r = 0; r < world; ++r) {
+        auto a = sim.Begin(r, w + 1, 5);
+        ASSERT_TRUE(a.ok() && !a->ready);
+      }
+      note(sim.CompleteAll(w, reports));
+      checker.Check(absl::StrCat("step ", step, " prefetched"));
+      std::vector<RankReport> next = random_reports(world);
+      for (RankReport& r : next) r.units = 5;
+      note(sim.CompleteAll(w + 1, next));
+    } else {
+      what = "ack";
+      while (!to_ack.empty()) {
+        const auto [id, update] = to_ack.back();
+        to_ack.pop_back();
+        (void)sim.Ack(id, update);  // NOT_FOUND after a rollback is fine
+      }
+    }
+    if (!to_ack.empty() && uniform(2) == 0) {
+      (void)sim.Ack(to_ack.back().first, to_ack.back().second);
+      to_ack.pop_back();
+    }
+    checker.Check(absl::StrCat("step ", step, ": ", what));
+    if (HasFailure()) return;
+  }
+  ASSERT_TRUE(sim.machine().Cancel(sim.now()).ok());
+  sim.Drain();
+  checker.Check("cancelled");
+
+  // The scenario must keep exercising every kind of record and decision.
+  std::map<int, int> kinds;
+  bool rolled_back = false;
+  for (const v1::JournalRecord& r : sim.records()) {
+    ++kinds[r.kind_case()];
+    if (r.has_generation_formed() && r.generation_formed().rolled_back()) rolled_back = true;
+  }
+  EXPECT_EQ(kinds.size(), 8u);
+  EXPECT_TRUE(rolled_back);
+  for (const char* k : {"commit/", "skip/OVERFLOW", "skip/EMPTY_WINDOW", "skip/NONFINITE_LOSS",
+                        "abort/DESYNC"}) {
+    EXPECT_GT(seen[k], 0) << k;
+  }
+  int lost_aborts = 0;
+  for (const v1::UpdateRecord& u : sim.machine().updates()) lost_aborts += u.reason() == "WORKER_LOST";
+  EXPECT_GT(lost_aborts, 0);
+  EXPECT_GT(sim.progress().optimizer_update_id(), 5);
+  EXPECT_GT(checker.checks(), 100);
+}
+
+}  // namespace
+}  // namespace trainstep
