@@ -158,6 +158,15 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobRegistry::RegisterWorker(
     auto it = worker_by_request_.find(req.request_id());
     if (it != worker_by_request_.end()) worker_id = it->second;
   }
+  if (!worker_id.empty()) {
+    // A retried registration of a worker declared lost since gets a fresh identity.
+    absl::StatusOr<StepMachine*> m = Machine(job_of_worker_.at(worker_id));
+    if (m.ok()) {
+      for (const v1::WorkerInfo& w : (*m)->Workers()) {
+        if (w.worker_id() == worker_id && w.state() == v1::LOST) worker_id.clear();
+      }
+    }
+  }
   std::string job_id = req.job_id();
   if (!worker_id.empty()) {
     job_id = job_of_worker_.at(worker_id);

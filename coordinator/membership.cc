@@ -65,12 +65,12 @@ void Membership::FormGeneration(const v1::GenerationFormed& formed) {
   }
 }
 
-bool Membership::Renew(const std::string& worker_id, absl::Time lease_expiry,
+bool Membership::Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
                        int64_t applied_update_id) {
   WorkerEntry* e = FindMutable(worker_id);
   if (e == nullptr || e->info.state() == v1::LOST) return false;
   e->lease_expiry = lease_expiry;
-  e->info.set_last_heartbeat_ms(absl::ToUnixMillis(lease_expiry));
+  e->info.set_last_heartbeat_ms(absl::ToUnixMillis(now));
   e->applied_update_id = applied_update_id;
   return true;
 }

@@ -37,7 +37,8 @@ class Membership {
   void BreakGeneration() { broken_ = true; }
 
   // --- Leases (ephemeral) ---
-  bool Renew(const std::string& worker_id, absl::Time lease_expiry, int64_t applied_update_id);
+  bool Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
+             int64_t applied_update_id);
   // Every live worker's lease restarts at `lease_expiry` (after a coordinator restart).
   void RenewAll(absl::Time lease_expiry);
   std::vector<std::string> Expired(absl::Time now) const;

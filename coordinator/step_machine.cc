@@ -470,7 +470,7 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", req.worker_id(), " was declared lost (its lease expired); register again"));
   }
-  membership_.Renew(req.worker_id(), now + options_.worker_lease, req.applied_update_id());
+  membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id());
 
   if (!terminal() && req.has_dataset() && !w->dataset_accepted) {
     const v1::DatasetInfo& d = req.dataset();
@@ -549,7 +549,7 @@ absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
   MaybeEndEmptyWindow(now);
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
     answer.ready = true;
-    answer.response.set_global_valid_units(0);
+    answer.response.set_learning_rate(d->learning_rate());  // as a repeated call gets it
     *answer.response.mutable_decision() = *d;
     return answer;
   }
@@ -744,14 +744,19 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
     if (terminal()) return;
     if (consecutive_desyncs_ >= options_.max_consecutive_desyncs) {
       FailJob(absl::StrCat("replicas diverged ", consecutive_desyncs_, " times in a row at window ",
-                           attempt.window_id, " (", desync, ")"),
+                           last_window_ + 1, " (", desync, ")"),  // `attempt` died in Apply
               now);
       return;
     }
     MaybeFormGeneration(now);
     return;
   }
-  if (inf_ranks > 0) {
+  if (units == 0) {
+    // Normally decided at the begin barrier; reached here only when the coordinator
+    // restarted between the barrier and the reports.
+    d.set_outcome(v1::SKIP);
+    d.set_reason("EMPTY_WINDOW");
+  } else if (inf_ranks > 0) {
     d.set_outcome(v1::SKIP);
     d.set_reason("OVERFLOW");
   } else if (!std::isfinite(loss_sum) || !std::isfinite(first.grad_norm())) {
@@ -828,7 +833,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
 }
 
 void StepMachine::MaybeEndEmptyWindow(absl::Time now) {
-  if (terminal()) return;
+  if (terminal() || StopReachedAfter(last_window_, update_id_)) return;  // no window after the stop
   auto it = attempts_.find(last_window_ + 1);
   if (it == attempts_.end() || !BarrierReady(it->second)) return;
   if (it->second.total_units != 0) return;
@@ -922,6 +927,8 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   a->set_optimizer_update_id(update_id);
   a->set_scheduler_step(f->rolled_back() ? f->rollback_to().scheduler_step() : scheduler_step_);
   a->set_next_window_id((f->rolled_back() ? f->rollback_to().window_id() : last_window_) + 1);
+  a->set_loss_scale(f->rolled_back() ? LossScaler(scaler_config_, f->rollback_to().scaler()).scale()
+                                     : scaler_.scale());
   if (CheckpointingEnabled()) {
     // A checkpoint of this state that was requested but never acknowledged is written again.
     for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {

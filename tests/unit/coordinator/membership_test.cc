@@ -130,16 +130,18 @@ TEST(MembershipTest, LeasesExpireAndRenew) {
   EXPECT_EQ(m.NextLeaseExpiry(), kT0 + absl::Seconds(1));
   EXPECT_THAT(m.Expired(kT0), IsEmpty());
   EXPECT_THAT(m.Expired(kT0 + absl::Seconds(2)), ElementsAre("a", "b"));
-  EXPECT_TRUE(m.Renew("a", kT0 + absl::Seconds(10), 4));
+  EXPECT_TRUE(m.Renew("a", kT0 + absl::Seconds(1), kT0 + absl::Seconds(10), 4));
   EXPECT_EQ(m.Find("a")->applied_update_id, 4);
+  // The heartbeat time shown to users is when it arrived, not when the lease ends.
+  EXPECT_EQ(m.Find("a")->info.last_heartbeat_ms(), absl::ToUnixMillis(kT0 + absl::Seconds(1)));
   EXPECT_THAT(m.Expired(kT0 + absl::Seconds(2)), ElementsAre("b"));
   m.MarkLost("b");
-  EXPECT_FALSE(m.Renew("b", kT0 + absl::Seconds(10), 0));
+  EXPECT_FALSE(m.Renew("b", kT0, kT0 + absl::Seconds(10), 0));
   EXPECT_THAT(m.Expired(kT0 + absl::Seconds(5)), ElementsAre("c"));
   EXPECT_EQ(m.NextLeaseExpiry(), kT0 + absl::Seconds(3));
   m.RenewAll(kT0 + absl::Seconds(20));
   EXPECT_EQ(m.NextLeaseExpiry(), kT0 + absl::Seconds(20));
-  EXPECT_FALSE(m.Renew("nobody", kT0, 0));
+  EXPECT_FALSE(m.Renew("nobody", kT0, kT0, 0));
 }
 
 // Catches: Snapshot/Restore losing a worker's state, request id, dataset flag, or the

@@ -154,6 +154,16 @@ TEST(StepMachineTest, PendingUntilAllWorkersReportDataset) {
     EXPECT_EQ(hb->lease_ms(), 10000);
   }
 
+  const std::vector<v1::WorkerInfo> workers = sim.machine().Workers();
+  ASSERT_EQ(workers.size(), 3u);
+  EXPECT_EQ(workers[0].worker_id(), ids[0]);
+  EXPECT_EQ(workers[0].name(), "worker-1");
+  EXPECT_EQ(workers[0].host(), "host-1");
+  EXPECT_EQ(workers[0].job_id(), sim.job_id());
+  EXPECT_EQ(workers[0].state(), v1::ACTIVE);
+  EXPECT_EQ(workers[0].generation(), 1);
+  EXPECT_EQ(workers[0].registered_ms(), absl::ToUnixMillis(sim.now() - absl::Seconds(1)));
+
   // A fourth worker is a standby: accepted, but not placed.
   const std::string extra = sim.AddWorker();
   hb = sim.Heartbeat(extra);
@@ -294,6 +304,8 @@ TEST(StepMachineTest, PrefetchAnsweredOnlyAfterPreviousWindowDecided) {
 
   const v1::WindowDecision d1 = sim.CompleteAll(1, Reports(2));
   ASSERT_EQ(d1.outcome(), v1::COMMIT);
+  EXPECT_DOUBLE_EQ(d1.learning_rate(), 0.1 * 0.25);  // the lr of the update made, not the next
+  EXPECT_DOUBLE_EQ(d1.record().learning_rate(), 0.1 * 0.25);
   auto a = sim.Begin(0, 2, 7);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(a->ready);
@@ -412,6 +424,36 @@ TEST(StepMachineTest, OverflowSkipsAndBacksOffOnce) {
   EXPECT_EQ(sim.BeginAll(3, {10, 10}).loss_scale(), 512);
 }
 
+// Catches: bf16 (or fp32) running with a scale other than 1, or an overflow that changes
+// a disabled scaler (REFERENCE 12).
+TEST(StepMachineTest, Bf16RunsWithoutScaler) {
+  SpecOptions o;
+  o.precision = "bf16";
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  EXPECT_EQ(sim.BeginAll(1, {10, 10}).loss_scale(), 1.0);
+  RankReport inf;
+  inf.found_inf = true;
+  const v1::WindowDecision d = sim.CompleteAll(1, Reports(2, inf));
+  EXPECT_EQ(d.reason(), "OVERFLOW");
+  EXPECT_EQ(d.record().loss_scale(), 1.0);
+  EXPECT_EQ(sim.progress().loss_scale(), 1.0);
+  EXPECT_EQ(sim.BeginAll(2, {10, 10}).loss_scale(), 1.0);
+}
+
+// Catches: window_seconds not measured from the first report of the window to its decision.
+TEST(StepMachineTest, WindowSecondsFromFirstReport) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  ASSERT_FALSE(sim.Begin(1, 1, 10)->ready);
+  sim.Advance(absl::Milliseconds(1500));
+  ASSERT_TRUE(sim.Begin(0, 1, 10)->ready);
+  sim.Advance(absl::Seconds(1));
+  const v1::WindowDecision d = sim.CompleteAll(1, Reports(2));
+  EXPECT_DOUBLE_EQ(d.record().window_seconds(), 2.5);
+  EXPECT_EQ(d.record().end_time_ms(), absl::ToUnixMillis(sim.now()));
+}
+
 // Catches: an N = 0 window that reaches the workers (or commits) instead of ending at the
 // begin barrier as SKIP EMPTY_WINDOW, or that writes a NaN (0/0) anywhere in its record.
 TEST(StepMachineTest, EmptyWindowSkipsAtTheBarrier) {
@@ -436,11 +478,13 @@ TEST(StepMachineTest, EmptyWindowSkipsAtTheBarrier) {
   EXPECT_EQ(d.record().loss_scale(), 1024);  // not an overflow: no backoff
   ExpectAllFinite(d);
 
-  // Rank 0 asks again and gets the same decision, from both barriers.
+  // Rank 0 asks again and gets the same answer, from both barriers.
+  const std::string first_answer = a->response.SerializeAsString();
   a = sim.Begin(0, 1, 0);
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(a->ready);
   EXPECT_EQ(a->response.decision().SerializeAsString(), d.SerializeAsString());
+  EXPECT_EQ(a->response.SerializeAsString(), first_answer);
   auto c = sim.Complete(0, 1, RankReport{0, 0, false, 0, 0, 0});
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->ready);
@@ -474,6 +518,30 @@ TEST(StepMachineTest, PrefetchedEmptyWindowEndsWhenPreviousWindowEnds) {
   ASSERT_TRUE(a->ready);
   EXPECT_EQ(a->response.decision().reason(), "EMPTY_WINDOW");
   EXPECT_EQ(a->response.decision().optimizer_update_id(), 1);
+}
+
+// Catches: a prefetched empty window ended (and logged) after the stop condition was
+// reached, only because the final checkpoint is still being written.
+TEST(StepMachineTest, NoEmptyWindowEndsAfterTheStop) {
+  SpecOptions o = WithCheckpoints(100);
+  o.max_updates = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  for (int rank = 0; rank < 2; ++rank) {
+    auto a = sim.Begin(rank, 2, 0);  // the workers cannot know window 1 will be the last
+    ASSERT_TRUE(a.ok());
+    EXPECT_FALSE(a->ready);
+  }
+  const v1::WindowDecision last = sim.CompleteAll(1, Reports(2));
+  ASSERT_TRUE(last.job_done());
+  ASSERT_TRUE(last.write_checkpoint());
+  EXPECT_EQ(sim.progress().window_id(), 1);
+  EXPECT_EQ(sim.machine().updates().size(), 1u);
+  EXPECT_EQ(CodeOf(sim.Begin(0, 2, 0)), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sim.Ack(last.checkpoint_id(), 1).ok());
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+  EXPECT_EQ(sim.progress().window_id(), 1);
 }
 
 // Catches: a non-finite loss committed (poisoning the log and the weights) or treated as
@@ -718,7 +786,7 @@ TEST(StepMachineTest, RejectsOutOfProtocolReports) {
   EXPECT_EQ(sim.progress().window_id(), 0);
 
   ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
-  // An old window of the current generation that is no longer in the recent decisions' key.
+  // A window that already ended, asked about from a later generation (no decision of it there).
   RankReport bad;
   bad.grad_norm = 9;
   ASSERT_EQ(sim.RunWindow({RankReport{}, bad}).reason(), "DESYNC");  // window 2, gen 1 → gen 2
@@ -859,7 +927,7 @@ TEST(StepMachineTest, LostWorkerWithoutStandbyWaitsForReplacement) {
 // Catches: all replicas lost after updates without a rollback to the latest durable
 // checkpoint (ids, tokens and scale must return to that checkpoint's).
 TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
-  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 2))));
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 3))));
   const std::vector<std::string> g1 = sim.Start(2);
   ASSERT_TRUE(sim.RunWindow().write_checkpoint() == false);
   const v1::WindowDecision d2 = sim.RunWindow();
@@ -873,6 +941,7 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   const v1::WindowDecision d5 = sim.RunWindow();  // update 4: checkpoint 2, never acked
   ASSERT_TRUE(d5.write_checkpoint());
   ASSERT_EQ(sim.progress().optimizer_update_id(), 4);
+  ASSERT_NE(sim.progress().loss_scale(), scale_at_ckpt);
 
   sim.Lose(g1);
   EXPECT_EQ(sim.state(), v1::RUNNING);

@@ -1,0 +1,352 @@
+#include "client/args.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainstep::client {
+namespace {
+
+struct Verb {
+  const char* noun;
+  const char* verb;
+  Command command;
+  const char* operand;  // "" = none
+  const char* summary;
+};
+
+constexpr Verb kVerbs[] = {
+    {"job", "submit", Command::kJobSubmit, "SPEC.json",
+     "submit a job (SPEC.json may be - for stdin)"},
+    {"job", "get", Command::kJobGet, "ID", "show a job: state, progress and its resolved spec"},
+    {"job", "list", Command::kJobList, "", "list jobs"},
+    {"job", "watch", Command::kJobWatch, "ID", "follow a job's progress until it ends"},
+    {"job", "cancel", Command::kJobCancel, "ID", "cancel a job"},
+    {"job", "logs", Command::kJobLogs, "ID", "print a job's per-update log"},
+    {"worker", "list", Command::kWorkerList, "", "list workers"},
+};
+
+const Verb* FindVerb(const std::string& noun, const std::string& verb) {
+  for (const Verb& v : kVerbs) {
+    if (noun == v.noun && verb == v.verb) return &v;
+  }
+  return nullptr;
+}
+
+bool IsNoun(const std::string& s) { return s == "job" || s == "worker"; }
+
+constexpr char kGlobalFlags[] =
+    "Global flags (accepted anywhere on the line):\n"
+    "  --coordinator HOST:PORT  coordinator address (default: $TRAINSTEP_COORDINATOR, else "
+    "127.0.0.1:7070)\n"
+    "  -o, --output FORMAT      table (default) or json; job logs also takes jsonl\n"
+    "  --timeout DURATION       deadline of each call, e.g. 500ms, 10s, 2m (default 10s)\n"
+    "  -h, --help               print the usage of the command given and exit\n";
+
+std::string TopUsage() {
+  std::string s =
+      "trainstep: submit, follow and inspect training jobs on a trainstep coordinator.\n"
+      "\n"
+      "Usage:\n"
+      "  trainstep [global flags] <noun> <verb> [arguments] [flags]\n"
+      "\n"
+      "Commands:\n";
+  for (const Verb& v : kVerbs) {
+    std::string call = absl::StrCat(v.noun, " ", v.verb, *v.operand ? " " : "", v.operand);
+    call.resize(std::max<size_t>(call.size() + 2, 24), ' ');
+    absl::StrAppend(&s, "  ", call, v.summary, "\n");
+  }
+  absl::StrAppend(
+      &s, "\n", kGlobalFlags,
+      "\n"
+      "Environment:\n"
+      "  TRAINSTEP_COORDINATOR  default for --coordinator\n"
+      "  NO_COLOR               when set, never print colours (they are also off when the\n"
+      "                         output is not a terminal)\n"
+      "\n"
+      "Exit codes:\n"
+      "  0  success\n"
+      "  1  any other error\n"
+      "  2  usage or invalid input: bad flags, unreadable SPEC file, a spec or request the\n"
+      "     coordinator rejects (INVALID_ARGUMENT; its message names the field)\n"
+      "  3  coordinator unavailable: not reachable, or no answer within --timeout\n"
+      "  4  not found: no such job\n"
+      "  5  the job failed (job watch, job submit --watch)\n"
+      "  6  the job was cancelled (job watch, job submit --watch)\n"
+      "\n"
+      "Run 'trainstep <noun> <verb> --help' for the flags of a command.\n");
+  return s;
+}
+
+std::string NounUsage(const std::string& noun) {
+  std::string s =
+      absl::StrCat("Usage:\n  trainstep ", noun, " <verb> [arguments] [flags]\n\nVerbs:\n");
+  for (const Verb& v : kVerbs) {
+    if (noun != v.noun) continue;
+    std::string call = absl::StrCat(v.verb, *v.operand ? " " : "", v.operand);
+    call.resize(std::max<size_t>(call.size() + 2, 18), ' ');
+    absl::StrAppend(&s, "  ", call, v.summary, "\n");
+  }
+  absl::StrAppend(&s, "\n", kGlobalFlags, "\nRun 'trainstep ", noun,
+                  " <verb> --help' for the flags of a verb.\n");
+  return s;
+}
+
+std::string VerbUsage(const Verb& v) {
+  std::string s =
+      absl::StrCat("trainstep ", v.noun, " ", v.verb, ": ", v.summary, ".\n\nUsage:\n  trainstep ",
+                   v.noun, " ", v.verb, *v.operand ? " " : "", v.operand);
+  switch (v.command) {
+    case Command::kJobSubmit:
+      absl::StrAppend(
+          &s,
+          " [--request-id ID] [--watch]\n\n"
+          "The coordinator parses and validates the spec; its errors name the field.\n\n"
+          "Flags:\n"
+          "  --request-id ID  idempotency key; a repeated submit with the same key returns the\n"
+          "                   job the first one created (default: a hash of the spec's bytes\n"
+          "                   and the current minute, so an accidental double submit within a\n"
+          "                   minute returns the same job)\n"
+          "  --watch          after submitting, follow the job as `trainstep job watch` does\n"
+          "                   (exit code 5 if it fails, 6 if it is cancelled)\n");
+      break;
+    case Command::kJobWatch:
+      absl::StrAppend(
+          &s,
+          "\n\nOn a terminal, one live progress line on stderr; otherwise one line per update.\n"
+          "Ends when the job ends, with a one-line summary. Exit code 0 if the job succeeded,\n"
+          "5 if it failed, 6 if it was cancelled.\n");
+      break;
+    case Command::kJobLogs:
+      absl::StrAppend(&s,
+                      " [-o table|json|jsonl]\n\n"
+                      "Every update record, oldest first. -o jsonl prints one JSON object per\n"
+                      "line, with the .proto field names.\n");
+      break;
+    case Command::kWorkerList:
+      absl::StrAppend(&s,
+                      " [--job ID]\n\n"
+                      "Flags:\n"
+                      "  --job ID  only the workers of this job\n");
+      break;
+    default:
+      absl::StrAppend(&s, "\n");
+      break;
+  }
+  absl::StrAppend(&s, "\n", kGlobalFlags);
+  return s;
+}
+
+// Everything on the line, sorted into flags and positionals; the first problem is kept.
+struct RawArgs {
+  std::vector<std::string> positionals;
+  std::optional<std::string> coordinator, output, timeout, request_id, job;
+  bool watch = false;
+  bool help = false;
+  std::string error;
+};
+
+RawArgs Scan(const std::vector<std::string>& args) {
+  RawArgs raw;
+  auto fail = [&raw](std::string message) {
+    if (raw.error.empty()) raw.error = std::move(message);
+  };
+  bool only_positionals = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (only_positionals || a.size() < 2 || a[0] != '-') {
+      raw.positionals.push_back(a);  // "-" (stdin) is an operand too
+      continue;
+    }
+    if (a == "--") {
+      only_positionals = true;
+      continue;
+    }
+    std::string name = a;
+    std::optional<std::string> value;
+    if (absl::StartsWith(a, "--")) {
+      const size_t eq = a.find('=');
+      if (eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+      }
+    } else if (absl::StartsWith(a, "-o")) {  // -ojson, -o=json
+      name = "-o";
+      if (a.size() > 2) value = a.substr(a[2] == '=' ? 3 : 2);
+    }
+    if (name == "-h" || name == "--help") {
+      raw.help = true;
+      continue;
+    }
+    if (name == "--watch") {
+      if (value.has_value()) fail("--watch takes no value");
+      raw.watch = true;
+      continue;
+    }
+    std::optional<std::string>* slot = nullptr;
+    if (name == "--coordinator") slot = &raw.coordinator;
+    if (name == "-o" || name == "--output") slot = &raw.output;
+    if (name == "--timeout") slot = &raw.timeout;
+    if (name == "--request-id") slot = &raw.request_id;
+    if (name == "--job") slot = &raw.job;
+    if (slot == nullptr) {
+      fail(absl::StrCat("unknown flag ", name));
+      continue;
+    }
+    if (!value.has_value()) {
+      if (i + 1 >= args.size()) {
+        fail(absl::StrCat("flag ", name, " needs a value"));
+        continue;
+      }
+      value = args[++i];
+    }
+    *slot = std::move(*value);
+  }
+  return raw;
+}
+
+ParsedArgs UsageError(const std::string& problem, const std::string& level) {
+  ParsedArgs p;
+  p.kind = ParsedArgs::Kind::kUsageError;
+  p.text = absl::StrCat(problem, "\nRun 'trainstep", level.empty() ? "" : " ", level,
+                        " --help' for usage.");
+  return p;
+}
+
+}  // namespace
+
+std::string CommandName(Command command) {
+  for (const Verb& v : kVerbs) {
+    if (v.command == command) return absl::StrCat(v.noun, " ", v.verb);
+  }
+  return "";
+}
+
+std::string UsageText(const std::string& level) {
+  if (level.empty()) return TopUsage();
+  if (IsNoun(level)) return NounUsage(level);
+  const size_t space = level.find(' ');
+  if (space != std::string::npos) {
+    const Verb* v = FindVerb(level.substr(0, space), level.substr(space + 1));
+    if (v != nullptr) return VerbUsage(*v);
+  }
+  return TopUsage();
+}
+
+ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& env_coordinator) {
+  const RawArgs raw = Scan(args);
+  const std::vector<std::string>& pos = raw.positionals;
+
+  // The deepest level the words name: help prints it, errors point at it.
+  std::string level;
+  const Verb* verb = nullptr;
+  if (!pos.empty() && IsNoun(pos[0])) {
+    level = pos[0];
+    if (pos.size() >= 2) verb = FindVerb(pos[0], pos[1]);
+    if (verb != nullptr) level = CommandName(verb->command);
+  }
+  if (raw.help) {
+    ParsedArgs p;
+    p.kind = ParsedArgs::Kind::kHelp;
+    p.text = UsageText(level);
+    return p;
+  }
+  if (!raw.error.empty()) return UsageError(raw.error, level);
+  if (pos.empty()) return UsageError("missing command (job or worker)", "");
+  if (!IsNoun(pos[0])) {
+    return UsageError(absl::StrCat("unknown command \"", pos[0], "\" (commands: job, worker)"), "");
+  }
+  if (pos.size() < 2) return UsageError(absl::StrCat("missing verb after \"", pos[0], "\""), level);
+  if (verb == nullptr) {
+    return UsageError(absl::StrCat("unknown verb \"", pos[1], "\" for ", pos[0]), level);
+  }
+
+  Invocation inv;
+  inv.command = verb->command;
+  const std::string name = CommandName(verb->command);
+  // Operands.
+  const size_t want = *verb->operand ? 1 : 0;
+  if (pos.size() - 2 < want) {
+    return UsageError(inv.command == Command::kJobSubmit
+                          ? absl::StrCat(name, " needs SPEC.json (a file, or - for stdin)")
+                          : absl::StrCat(name, " needs a job ID"),
+                      name);
+  }
+  if (pos.size() - 2 > want) {
+    return UsageError(absl::StrCat("unexpected argument \"", pos[2 + want], "\" for ", name), name);
+  }
+  if (want == 1) {
+    if (pos[2].empty())
+      return UsageError(absl::StrCat(name, ": ", verb->operand, " is empty"), name);
+    if (inv.command == Command::kJobSubmit) {
+      inv.spec_path = pos[2];
+    } else {
+      inv.job_id = pos[2];
+    }
+  }
+  // Flags of one command only.
+  if (inv.command != Command::kJobSubmit) {
+    if (raw.request_id.has_value()) {
+      return UsageError(absl::StrCat("--request-id is not a flag of '", name, "'"), name);
+    }
+    if (raw.watch) return UsageError(absl::StrCat("--watch is not a flag of '", name, "'"), name);
+  }
+  if (inv.command != Command::kWorkerList && raw.job.has_value()) {
+    return UsageError(absl::StrCat("--job is not a flag of '", name, "'"), name);
+  }
+  if (raw.request_id.has_value()) {
+    if (raw.request_id->empty()) return UsageError("--request-id must not be empty", name);
+    inv.request_id = *raw.request_id;
+  }
+  inv.watch = raw.watch;
+  if (raw.job.has_value()) {
+    if (raw.job->empty()) return UsageError("--job must not be empty", name);
+    inv.job_id = *raw.job;
+  }
+  // Global flags.
+  if (raw.output.has_value()) {
+    const std::string& o = *raw.output;
+    const bool logs = inv.command == Command::kJobLogs;
+    if (o == "table") {
+      inv.output = Output::kTable;
+    } else if (o == "json") {
+      inv.output = Output::kJson;
+    } else if (o == "jsonl" && logs) {
+      inv.output = Output::kJsonl;
+    } else if (o == "jsonl") {
+      return UsageError("-o jsonl is only for 'job logs'; use -o json", name);
+    } else {
+      return UsageError(absl::StrCat("-o must be ", logs ? "table, json or jsonl" : "table or json",
+                                     ", got \"", o, "\""),
+                        name);
+    }
+  }
+  if (raw.timeout.has_value()) {
+    absl::Duration d;
+    if (!absl::ParseDuration(*raw.timeout, &d) || d <= absl::ZeroDuration() ||
+        d == absl::InfiniteDuration()) {
+      return UsageError(absl::StrCat("--timeout must be a positive duration like 500ms, 10s or 2m, "
+                                     "got \"",
+                                     *raw.timeout, "\""),
+                        name);
+    }
+    inv.timeout = d;
+  }
+  if (raw.coordinator.has_value()) {
+    if (raw.coordinator->empty()) return UsageError("--coordinator must not be empty", name);
+    inv.coordinator = *raw.coordinator;
+  } else if (!env_coordinator.empty()) {
+    inv.coordinator = env_coordinator;
+  } else {
+    inv.coordinator = kDefaultCoordinator;
+  }
+
+  ParsedArgs p;
+  p.kind = ParsedArgs::Kind::kRun;
+  p.invocation = std::move(inv);
+  return p;
+}
+
+}  // namespace trainstep::client

@@ -1,0 +1,85 @@
+// How the CLI prints things: durations, SI-suffixed rates, aligned tables, the live progress
+// line and the plain per-update line of `job watch`. Pure functions of their arguments.
+#ifndef TRAINSTEP_CLIENT_FORMAT_H_
+#define TRAINSTEP_CLIENT_FORMAT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "trainstep/v1/types.pb.h"
+
+namespace trainstep::client {
+
+// "500ms", "42s", "1m20s", "2m", "3h5m", "2d4h"; negative durations print as "0s". Whole
+// units below the largest two are dropped (an age or an ETA needs no more).
+std::string ShortDuration(absl::Duration d);
+
+// Three significant digits at most, with k / M / G / T: 950 → "950", 3140 → "3.1k",
+// 12500 → "12.5k", 1.25e6 → "1.2M"... "-" for a non-finite value.
+std::string FormatSi(double value);
+
+std::string FormatLoss(double loss);        // "2.314"
+std::string FormatLossScale(double scale);  // "65536"; "%g" beyond integers
+std::string FormatLearningRate(double lr);  // "8.0e-04"
+
+// "PENDING", "RUNNING", ...
+std::string JobStateName(v1::JobState state);
+
+enum class Color { kNone, kRed, kGreen, kYellow, kCyan, kBold };
+// Wraps `text` in the ANSI codes of `color` when `enabled`.
+std::string Colorize(const std::string& text, Color color, bool enabled);
+Color StateColor(v1::JobState state);
+
+// One table cell; the colour is applied after padding so that columns stay aligned.
+struct Cell {
+  Cell(std::string t) : text(std::move(t)) {}  // NOLINT: strings are cells
+  Cell(const char* t) : text(t) {}             // NOLINT
+  Cell(std::string t, Color c) : text(std::move(t)), color(c) {}
+  std::string text;
+  Color color = Color::kNone;
+};
+
+// Left-aligned columns separated by three spaces, header first; no trailing spaces.
+// Widths count UTF-8 code points, so "≥" or "—" do not shift a column.
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<Cell>>& rows, bool color);
+
+// "key: value" lines with the values aligned.
+std::string RenderKeyValues(const std::vector<std::pair<std::string, std::string>>& lines);
+
+// "[#######.....]": `width` cells, filled in proportion to done / total (clamped to 0..1).
+std::string ProgressBar(int64_t done, int64_t total, int width = 12);
+
+// What the live line of `job watch` shows.
+struct ProgressView {
+  std::string label = "update";  // "update", or "window" for a job bounded by epochs
+  int64_t done = 0;
+  int64_t total = 0;  // 0 = unknown: no "/total", no bar, no ETA
+  std::optional<double> units_per_second;
+  std::string unit = "tok";    // "tok" for token-level data, else "samples"
+  std::optional<double> loss;  // none before the first committed update
+  double loss_scale = 0;
+  double learning_rate = 0;
+  int64_t skipped = 0;
+  std::optional<absl::Duration> eta;  // shown only with a total
+};
+
+// "update 120/200 [#######.....] 3.1k tok/s  loss 2.314  scale 65536  lr 8.0e-04  skipped 2  ETA
+// 1m20s"
+std::string ProgressLine(const ProgressView& view);
+
+// One line per record when the progress is not drawn live:
+// "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 tokens=4096";
+// a skip or abort carries its reason after the outcome ("window 13 skip OVERFLOW ...").
+std::string UpdateLine(const v1::UpdateRecord& record);
+
+// The largest number of optimizer updates the job can reach: stop.max_updates, else
+// windows_per_epoch × epochs once the dataset is known; 0 = not known.
+int64_t MaxUpdates(const v1::Job& job);
+
+}  // namespace trainstep::client
+
+#endif  // TRAINSTEP_CLIENT_FORMAT_H_

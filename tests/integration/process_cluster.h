@@ -1,0 +1,60 @@
+// A real trainstep cluster on 127.0.0.1 for tests: the coordinator binary and worker
+// binaries as separate processes (posix_spawn), free ports from --port-file, a JobService
+// stub, and bounded waits. Everything it started is killed in the destructor.
+#ifndef TRAINSTEP_TESTS_INTEGRATION_PROCESS_CLUSTER_H_
+#define TRAINSTEP_TESTS_INTEGRATION_PROCESS_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainstep/v1/job_service.grpc.pb.h"
+
+namespace trainstep::testing {
+
+// Where the binaries are (build/bin), set by CMake.
+std::string BinDir();
+
+class ProcessCluster {
+ public:
+  // Starts trainstep-coordinator with its state in `dir` (created, emptied first).
+  static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(const std::string& dir,
+                                                               absl::Duration worker_lease = absl::Seconds(10));
+  ~ProcessCluster();
+
+  const std::string& address() const { return address_; }
+  const std::string& dir() const { return dir_; }
+  v1::JobService::Stub* jobs() { return jobs_.get(); }
+
+  absl::StatusOr<std::string> Submit(const std::string& spec_json);
+  // Starts one worker process for `job_id` with extra flags; its log goes to dir/worker-N.log.
+  absl::StatusOr<pid_t> StartWorker(const std::string& job_id,
+                                    const std::vector<std::string>& extra_flags = {});
+  // Waits until the job is in a terminal state.
+  absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id, absl::Duration timeout);
+  absl::StatusOr<std::vector<v1::UpdateRecord>> Updates(const std::string& job_id);
+  // Waits for every started worker to exit; returns their exit codes in start order.
+  std::vector<int> WaitForWorkers(absl::Duration timeout);
+  void Kill(pid_t pid);
+  // The last `lines` lines of every log, for failure messages.
+  std::string Logs(int lines = 30) const;
+
+ private:
+  ProcessCluster() = default;
+  absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log);
+
+  std::string dir_;
+  std::string address_;
+  pid_t coordinator_ = -1;
+  std::vector<pid_t> workers_;
+  std::vector<std::string> logs_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+}  // namespace trainstep::testing
+
+#endif  // TRAINSTEP_TESTS_INTEGRATION_PROCESS_CLUSTER_H_

@@ -1,0 +1,218 @@
+// The command line as users type it: noun–verb commands, global flags anywhere, --help at
+// every level, and bad usage answered with exit code 2 and the problem named.
+#include "client/args.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "client/cli.h"
+
+namespace trainstep::client {
+namespace {
+
+using Kind = ParsedArgs::Kind;
+
+ParsedArgs Parse(const std::vector<std::string>& args, const std::string& env = "") {
+  return ParseArgs(args, env);
+}
+
+Invocation MustRun(const std::vector<std::string>& args, const std::string& env = "") {
+  ParsedArgs p = Parse(args, env);
+  EXPECT_EQ(p.kind, Kind::kRun) << p.text;
+  return p.invocation;
+}
+
+// Catches: a verb wired to the wrong command, or its operand dropped.
+TEST(ArgsTest, EveryCommandParses) {
+  Invocation i = MustRun({"job", "submit", "spec.json"});
+  EXPECT_EQ(i.command, Command::kJobSubmit);
+  EXPECT_EQ(i.spec_path, "spec.json");
+  EXPECT_FALSE(i.watch);
+  EXPECT_EQ(i.request_id, "");
+
+  i = MustRun({"job", "submit", "-", "--request-id", "r1", "--watch"});
+  EXPECT_EQ(i.spec_path, "-");  // stdin
+  EXPECT_EQ(i.request_id, "r1");
+  EXPECT_TRUE(i.watch);
+
+  const std::vector<std::pair<std::string, Command>> with_id = {{"get", Command::kJobGet},
+                                                                {"watch", Command::kJobWatch},
+                                                                {"cancel", Command::kJobCancel},
+                                                                {"logs", Command::kJobLogs}};
+  for (const auto& [verb, command] : with_id) {
+    i = MustRun({"job", verb, "job-7"});
+    EXPECT_EQ(i.command, command) << verb;
+    EXPECT_EQ(i.job_id, "job-7") << verb;
+  }
+  EXPECT_EQ(MustRun({"job", "list"}).command, Command::kJobList);
+  i = MustRun({"worker", "list"});
+  EXPECT_EQ(i.command, Command::kWorkerList);
+  EXPECT_EQ(i.job_id, "");
+  i = MustRun({"worker", "list", "--job", "job-2"});
+  EXPECT_EQ(i.job_id, "job-2");
+  EXPECT_EQ(MustRun({"worker", "list", "--job=job-3"}).job_id, "job-3");
+}
+
+// Catches: global flags accepted only before the command words, or only in one spelling.
+TEST(ArgsTest, GlobalFlagsAnywhere) {
+  const std::vector<std::vector<std::string>> lines = {
+      {"--coordinator", "h:1", "-o", "json", "--timeout", "2m", "job", "get", "j"},
+      {"job", "--coordinator", "h:1", "get", "-o", "json", "j", "--timeout", "2m"},
+      {"job", "get", "j", "--coordinator=h:1", "--output=json", "--timeout=2m"},
+      {"job", "get", "-ojson", "j", "--coordinator", "h:1", "--timeout", "2m"},
+      {"-o=json", "job", "get", "--timeout=2m", "j", "--coordinator=h:1"},
+  };
+  for (const auto& line : lines) {
+    const Invocation i = MustRun(line);
+    EXPECT_EQ(i.command, Command::kJobGet);
+    EXPECT_EQ(i.job_id, "j");
+    EXPECT_EQ(i.coordinator, "h:1");
+    EXPECT_EQ(i.output, Output::kJson);
+    EXPECT_EQ(i.timeout, absl::Minutes(2));
+  }
+}
+
+// Catches: the env var ignored, or winning over an explicit flag.
+TEST(ArgsTest, CoordinatorFlagThenEnvThenDefault) {
+  EXPECT_EQ(MustRun({"job", "list"}).coordinator, "127.0.0.1:7070");
+  EXPECT_EQ(MustRun({"job", "list"}, "env:5").coordinator, "env:5");
+  EXPECT_EQ(MustRun({"job", "list", "--coordinator", "flag:6"}, "env:5").coordinator, "flag:6");
+}
+
+// Catches: durations read as plain numbers, or a zero / negative deadline let through.
+TEST(ArgsTest, Timeouts) {
+  EXPECT_EQ(MustRun({"job", "list"}).timeout, absl::Seconds(10));
+  EXPECT_EQ(MustRun({"job", "list", "--timeout", "500ms"}).timeout, absl::Milliseconds(500));
+  EXPECT_EQ(MustRun({"job", "list", "--timeout", "10s"}).timeout, absl::Seconds(10));
+  EXPECT_EQ(MustRun({"job", "list", "--timeout", "2m"}).timeout, absl::Minutes(2));
+  for (const char* bad : {"abc", "10", "0s", "-1s", "inf"}) {
+    const ParsedArgs p = Parse({"job", "list", "--timeout", bad});
+    EXPECT_EQ(p.kind, Kind::kUsageError) << bad;
+    EXPECT_NE(p.text.find("--timeout"), std::string::npos) << p.text;
+  }
+}
+
+// Catches: jsonl accepted where it means nothing, or logs not accepting it.
+TEST(ArgsTest, OutputFormats) {
+  EXPECT_EQ(MustRun({"job", "list"}).output, Output::kTable);
+  EXPECT_EQ(MustRun({"job", "logs", "j"}).output, Output::kTable);
+  EXPECT_EQ(MustRun({"job", "logs", "j", "-o", "jsonl"}).output, Output::kJsonl);
+  EXPECT_EQ(MustRun({"job", "logs", "j", "-o", "json"}).output, Output::kJson);
+  ParsedArgs p = Parse({"job", "list", "-o", "jsonl"});
+  EXPECT_EQ(p.kind, Kind::kUsageError);
+  EXPECT_NE(p.text.find("jsonl"), std::string::npos);
+  p = Parse({"job", "list", "-o", "yaml"});
+  EXPECT_EQ(p.kind, Kind::kUsageError);
+  EXPECT_NE(p.text.find("\"yaml\""), std::string::npos) << p.text;
+}
+
+// Catches: bad usage that runs anyway, or an error that does not say what is wrong.
+TEST(ArgsTest, BadUsageNamesTheProblem) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{}, "missing command"},
+      {{"jobs", "list"}, "unknown command \"jobs\""},
+      {{"job"}, "missing verb"},
+      {{"job", "lst"}, "unknown verb \"lst\""},
+      {{"worker", "get"}, "unknown verb \"get\""},
+      {{"job", "submit"}, "needs SPEC.json"},
+      {{"job", "get"}, "needs a job ID"},
+      {{"job", "cancel"}, "needs a job ID"},
+      {{"job", "get", "a", "b"}, "unexpected argument \"b\""},
+      {{"job", "list", "extra"}, "unexpected argument \"extra\""},
+      {{"job", "list", "--verbose"}, "unknown flag --verbose"},
+      {{"job", "list", "-x"}, "unknown flag -x"},
+      {{"job", "list", "--coordinator"}, "--coordinator needs a value"},
+      {{"job", "get", "j", "--watch"}, "--watch is not a flag of 'job get'"},
+      {{"job", "get", "j", "--request-id", "r"}, "--request-id is not a flag of 'job get'"},
+      {{"job", "list", "--job", "j"}, "--job is not a flag of 'job list'"},
+      {{"job", "submit", "s.json", "--watch=yes"}, "--watch takes no value"},
+      {{"job", "get", "j", "--coordinator="}, "--coordinator must not be empty"},
+  };
+  for (const auto& [args, want] : cases) {
+    const ParsedArgs p = Parse(args);
+    EXPECT_EQ(p.kind, Kind::kUsageError) << want;
+    EXPECT_NE(p.text.find(want), std::string::npos) << "want \"" << want << "\" in: " << p.text;
+    EXPECT_NE(p.text.find("--help"), std::string::npos) << p.text;  // says where the usage is
+  }
+}
+
+// Catches: an operand that starts with a dash being taken for a flag after "--".
+TEST(ArgsTest, DoubleDashEndsFlags) {
+  EXPECT_EQ(MustRun({"job", "get", "--", "-odd-id"}).job_id, "-odd-id");
+}
+
+// Catches: --help that needs a valid line, prints the wrong level, or loses to an error.
+TEST(ArgsTest, HelpAtEveryLevel) {
+  ParsedArgs p = Parse({"--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("Exit codes"), std::string::npos);
+  EXPECT_NE(p.text.find("job submit SPEC.json"), std::string::npos);
+  EXPECT_NE(p.text.find("TRAINSTEP_COORDINATOR"), std::string::npos);
+  for (const char* code : {"0  success", "1  any other", "2  usage", "3  coordinator unavailable",
+                           "4  not found", "5  the job failed", "6  the job was cancelled"}) {
+    EXPECT_NE(p.text.find(code), std::string::npos) << code;
+  }
+
+  p = Parse({"job", "-h"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("trainstep job <verb>"), std::string::npos) << p.text;
+  EXPECT_NE(p.text.find("watch ID"), std::string::npos);
+  EXPECT_EQ(p.text.find("Exit codes"), std::string::npos);
+
+  p = Parse({"worker", "--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("trainstep worker <verb>"), std::string::npos);
+
+  p = Parse({"job", "submit", "--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("--request-id"), std::string::npos);
+  EXPECT_NE(p.text.find("--watch"), std::string::npos);
+
+  p = Parse({"--help", "worker", "list"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("--job ID"), std::string::npos);
+
+  p = Parse({"job", "logs", "-h"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("jsonl"), std::string::npos);
+
+  // Help wins over whatever else is wrong on the line.
+  p = Parse({"job", "get", "--bogus", "--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("trainstep job get"), std::string::npos);
+  EXPECT_EQ(Parse({"nope", "-h"}).kind, Kind::kHelp);
+}
+
+struct CliResult {
+  int rc;
+  std::string out, err;
+};
+
+CliResult Cli(const std::vector<std::string>& args) {
+  std::istringstream in;
+  std::ostringstream out, err;
+  ProcessEnvironment env;
+  env.coordinator = "127.0.0.1:1";  // never contacted: help and usage errors need no coordinator
+  const int rc = RunCli(args, env, in, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+// Catches: help printed on stderr or with a non-zero code; usage errors on stdout.
+TEST(CliTest, HelpOnStdoutUsageErrorsOnStderr) {
+  CliResult r = Cli({"job", "watch", "--help"});
+  EXPECT_EQ(r.rc, kExitOk);
+  EXPECT_NE(r.out.find("trainstep job watch"), std::string::npos);
+  EXPECT_EQ(r.err, "");
+
+  r = Cli({"job", "frobnicate"});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("error: unknown verb \"frobnicate\""), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("\033["), std::string::npos);  // not a terminal: no colour
+}
+
+}  // namespace
+}  // namespace trainstep::client

@@ -1,0 +1,410 @@
+#include "coordinator/coordinator.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "common/env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator/machine_test_util.h"
+
+namespace trainstep {
+namespace {
+
+using testing_util::SpecJson;
+using testing_util::SpecOptions;
+
+constexpr auto kWait = std::chrono::seconds(5);
+
+// One asynchronous call: its Done callback fulfils a promise; waits are always bounded.
+template <typename T>
+class Call {
+ public:
+  Call()
+      : promise_(std::make_shared<std::promise<absl::StatusOr<T>>>()),
+        calls_(std::make_shared<std::atomic<int>>(0)),
+        future_(promise_->get_future()) {}
+
+  Done<T> done() {
+    return [promise = promise_, calls = calls_](absl::StatusOr<T> result) {
+      if (calls->fetch_add(1) == 0) promise->set_value(std::move(result));
+    };
+  }
+  // Answered already? (No waiting: a call that is not ready is parked as a waiter.)
+  bool answered() const {
+    return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  absl::StatusOr<T> Get() {
+    if (future_.wait_for(kWait) != std::future_status::ready) {
+      ADD_FAILURE() << "no answer within 5 s";
+      return absl::DeadlineExceededError("test wait timed out");
+    }
+    return future_.get();
+  }
+  int calls() const { return calls_->load(); }
+
+ private:
+  std::shared_ptr<std::promise<absl::StatusOr<T>>> promise_;
+  std::shared_ptr<std::atomic<int>> calls_;
+  std::future<absl::StatusOr<T>> future_;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/trainstep_coordinator_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    Open();
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void Open() {
+    CoordinatorOptions options;
+    options.state_dir = dir_;
+    options.clock = &clock_;
+    options.env = Env::Default();
+    options.snapshot_every_records = snapshot_every_records_;
+    absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Open(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+  }
+  void Reopen() {
+    coordinator_.reset();
+    Open();
+  }
+
+  // A synchronous call: starts it and waits (bounded) for the answer.
+  template <typename T, typename F>
+  absl::StatusOr<T> Sync(F start) {
+    Call<T> call;
+    start(call.done());
+    return call.Get();
+  }
+
+  std::string Submit(int workers) {
+    SpecOptions o;
+    o.workers = workers;
+    v1::SubmitJobRequest req;
+    req.set_spec_json(SpecJson(o));
+    absl::StatusOr<v1::Job> job =
+        Sync<v1::Job>([&](Done<v1::Job> d) { coordinator_->SubmitJob(req, std::move(d)); });
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->job_id() : "";
+  }
+
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const std::string& job, const std::string& w) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job);
+    req.set_worker_id(w);
+    req.mutable_dataset()->set_samples(1000);
+    req.mutable_dataset()->set_fingerprint("fp");
+    return Sync<v1::HeartbeatResponse>(
+        [&](Done<v1::HeartbeatResponse> d) { coordinator_->Heartbeat(req, std::move(d)); });
+  }
+
+  // Registers `n` workers and reports their dataset; returns worker ids by rank.
+  std::vector<std::string> StartWorkers(const std::string& job, int n) {
+    std::vector<std::string> ids;
+    for (int i = 0; i < n; ++i) {
+      v1::RegisterWorkerRequest req;
+      req.set_job_id(job);
+      absl::StatusOr<v1::RegisterWorkerResponse> r = Sync<v1::RegisterWorkerResponse>(
+          [&](Done<v1::RegisterWorkerResponse> d) { coordinator_->RegisterWorker(req, std::move(d)); });
+      EXPECT_TRUE(r.ok()) << r.status();
+      ids.push_back(r.ok() ? r->worker_id() : "");
+    }
+    std::vector<std::string> by_rank(n);
+    for (const std::string& id : ids) EXPECT_TRUE(Heartbeat(job, id).ok());
+    for (const std::string& id : ids) {
+      absl::StatusOr<v1::HeartbeatResponse> hb = Heartbeat(job, id);
+      EXPECT_TRUE(hb.ok() && hb->assigned());
+      if (hb.ok() && hb->assigned()) by_rank.at(hb->assignment().rank()) = id;
+    }
+    return by_rank;
+  }
+
+  v1::BeginWindowRequest Begin(const std::string& job, const std::vector<std::string>& ranks,
+                               int rank, int64_t window, int64_t units, int64_t generation = 1) {
+    v1::BeginWindowRequest req;
+    req.set_job_id(job);
+    req.set_worker_id(ranks[rank]);
+    req.set_generation(generation);
+    req.set_window_id(window);
+    req.set_rank(rank);
+    req.set_valid_units(units);
+    return req;
+  }
+  v1::CompleteWindowRequest Complete(const std::string& job, const std::vector<std::string>& ranks,
+                                     int rank, int64_t window, int64_t units,
+                                     int64_t generation = 1) {
+    v1::CompleteWindowRequest req;
+    req.set_job_id(job);
+    req.set_worker_id(ranks[rank]);
+    req.set_generation(generation);
+    req.set_window_id(window);
+    req.set_rank(rank);
+    req.set_loss_sum(units * 0.5);
+    req.set_valid_units(units);
+    req.set_grad_norm(1.0);
+    req.set_micro_steps(2);
+    req.set_allreduce_calls(1);
+    return req;
+  }
+
+  // Runs window `window` on every rank; returns rank 0's decision.
+  v1::WindowDecision RunWindow(const std::string& job, const std::vector<std::string>& ranks,
+                               int64_t window) {
+    std::vector<Call<v1::BeginWindowResponse>> begins(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      coordinator_->BeginWindow(Begin(job, ranks, r, window, 10), begins[r].done(), nullptr);
+    }
+    for (auto& b : begins) EXPECT_TRUE(b.Get().ok());
+    std::vector<Call<v1::CompleteWindowResponse>> completes(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      coordinator_->CompleteWindow(Complete(job, ranks, r, window, 10), completes[r].done(), nullptr);
+    }
+    v1::WindowDecision first;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      absl::StatusOr<v1::CompleteWindowResponse> c = completes[r].Get();
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (r == 0 && c.ok()) first = c->decision();
+    }
+    return first;
+  }
+
+  absl::StatusOr<v1::Job> GetJob(const std::string& job) {
+    v1::GetJobRequest req;
+    req.set_job_id(job);
+    return Sync<v1::Job>([&](Done<v1::Job> d) { coordinator_->GetJob(req, std::move(d)); });
+  }
+
+  std::string dir_;
+  uint64_t snapshot_every_records_ = 10000;
+  FakeClock clock_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+// Catches: a barrier call answered before every rank called, or never answered when the
+// last rank arrives (waiters not re-polled on change).
+TEST_F(CoordinatorTest, BarrierAnswersOnlyWhenAllRanksCalled) {
+  const std::string job = Submit(3);
+  const std::vector<std::string> ranks = StartWorkers(job, 3);
+  Call<v1::BeginWindowResponse> b0, b1, b2;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5), b0.done(), std::make_shared<CallHandle>());
+  coordinator_->BeginWindow(Begin(job, ranks, 1, 1, 6), b1.done(), std::make_shared<CallHandle>());
+  EXPECT_FALSE(b0.answered());
+  EXPECT_FALSE(b1.answered());
+  coordinator_->BeginWindow(Begin(job, ranks, 2, 1, 7), b2.done(), std::make_shared<CallHandle>());
+  for (Call<v1::BeginWindowResponse>* b : {&b0, &b1, &b2}) {
+    absl::StatusOr<v1::BeginWindowResponse> r = b->Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_valid_units(), 18);
+    EXPECT_EQ(b->calls(), 1);
+  }
+
+  Call<v1::CompleteWindowResponse> c0, c1, c2;
+  coordinator_->CompleteWindow(Complete(job, ranks, 0, 1, 5), c0.done(), nullptr);
+  coordinator_->CompleteWindow(Complete(job, ranks, 1, 1, 6), c1.done(), nullptr);
+  EXPECT_FALSE(c0.answered());
+  EXPECT_FALSE(c1.answered());
+  coordinator_->CompleteWindow(Complete(job, ranks, 2, 1, 7), c2.done(), nullptr);
+  std::string first;
+  for (Call<v1::CompleteWindowResponse>* c : {&c0, &c1, &c2}) {
+    absl::StatusOr<v1::CompleteWindowResponse> r = c->Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->decision().outcome(), v1::COMMIT);
+    if (first.empty()) first = r->decision().SerializeAsString();
+    EXPECT_EQ(r->decision().SerializeAsString(), first);  // every rank gets the same decision
+  }
+  absl::StatusOr<v1::Job> j = GetJob(job);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->progress().optimizer_update_id(), 1);
+}
+
+// Catches: an abandoned call (deadline, client gone) that the coordinator keeps polling
+// and answers later.
+TEST_F(CoordinatorTest, ClaimedHandleStopsTheWaiter) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  auto handle = std::make_shared<CallHandle>();
+  Call<v1::BeginWindowResponse> abandoned;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5), abandoned.done(), handle);
+  EXPECT_FALSE(abandoned.answered());
+  ASSERT_TRUE(handle->Claim());  // the RPC layer gave up on it
+
+  Call<v1::BeginWindowResponse> last;
+  coordinator_->BeginWindow(Begin(job, ranks, 1, 1, 6), last.done(), std::make_shared<CallHandle>());
+  ASSERT_TRUE(last.Get().ok());
+  clock_.Advance(absl::Seconds(1));
+  coordinator_->Tick();
+  coordinator_.reset();  // shutdown answers every remaining waiter and flushes deliveries
+  EXPECT_EQ(abandoned.calls(), 0);
+}
+
+// Catches: waiters left hanging at shutdown, or calls accepted after it.
+TEST_F(CoordinatorTest, ShutdownAnswersWaitersUnavailable) {
+  const std::string job = Submit(1);
+  Call<v1::StoreGetResponse> get;
+  v1::StoreGetRequest req;
+  req.set_job_id(job);
+  req.set_key("never");
+  coordinator_->StoreGet(req, get.done(), std::make_shared<CallHandle>());
+  EXPECT_FALSE(get.answered());
+  coordinator_->Shutdown();
+  absl::StatusOr<v1::StoreGetResponse> r = get.Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(GetJob(job).status().code(), absl::StatusCode::kUnavailable);
+  coordinator_->Shutdown();  // idempotent
+  EXPECT_EQ(get.calls(), 1);
+}
+
+// Catches: state acknowledged to callers but lost across a restart (the journal not
+// written, or not replayed), or ids reused after it.
+TEST_F(CoordinatorTest, ReopenRestoresJobUpdatesAndIds) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  RunWindow(job, ranks, 1);
+  RunWindow(job, ranks, 2);
+  absl::StatusOr<v1::Job> before = GetJob(job);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->progress().optimizer_update_id(), 2);
+  v1::ListUpdatesRequest lu;
+  lu.set_job_id(job);
+  absl::StatusOr<v1::ListUpdatesResponse> updates_before = Sync<v1::ListUpdatesResponse>(
+      [&](Done<v1::ListUpdatesResponse> d) { coordinator_->ListUpdates(lu, std::move(d)); });
+  ASSERT_TRUE(updates_before.ok());
+
+  Reopen();
+  absl::StatusOr<v1::Job> after = GetJob(job);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
+  absl::StatusOr<v1::ListUpdatesResponse> updates_after = Sync<v1::ListUpdatesResponse>(
+      [&](Done<v1::ListUpdatesResponse> d) { coordinator_->ListUpdates(lu, std::move(d)); });
+  ASSERT_TRUE(updates_after.ok());
+  EXPECT_EQ(updates_after->SerializeAsString(), updates_before->SerializeAsString());
+
+  // The workers carry on in the same generation (their leases restarted at open).
+  absl::StatusOr<v1::HeartbeatResponse> hb = Heartbeat(job, ranks[0]);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_TRUE(hb->assigned());
+  EXPECT_EQ(hb->assignment().generation(), 1);
+  const v1::WindowDecision d3 = RunWindow(job, ranks, 3);
+  EXPECT_EQ(d3.optimizer_update_id(), 3);
+  EXPECT_EQ(Submit(1), "job-2");
+}
+
+// Catches: a snapshot that loses state, or a restart from snapshot + log tail that replays
+// records twice or not at all.
+TEST_F(CoordinatorTest, ReopenFromSnapshotAndLogTail) {
+  snapshot_every_records_ = 1;
+  Reopen();
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  RunWindow(job, ranks, 1);
+  coordinator_->Tick();  // writes a snapshot
+  absl::StatusOr<std::vector<std::string>> files = Env::Default()->ListDir(dir_);
+  ASSERT_TRUE(files.ok());
+  EXPECT_TRUE(std::any_of(files->begin(), files->end(), [](const std::string& f) {
+    return f.rfind("snapshot-", 0) == 0 && f.find(".tmp") == std::string::npos;
+  }));
+  RunWindow(job, ranks, 2);  // in the log after it
+  absl::StatusOr<v1::Job> before = GetJob(job);
+  ASSERT_TRUE(before.ok());
+  snapshot_every_records_ = 10000;
+  Reopen();
+  EXPECT_TRUE(coordinator_->recovery_warnings().empty());
+  absl::StatusOr<v1::Job> after = GetJob(job);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
+  EXPECT_EQ(after->progress().optimizer_update_id(), 2);
+  EXPECT_EQ(RunWindow(job, ranks, 3).optimizer_update_id(), 3);
+}
+
+// Catches: a StoreGet that answers before the key exists, or never after StoreSet.
+TEST_F(CoordinatorTest, StoreGetWaitsUntilStoreSet) {
+  const std::string job = Submit(1);
+  Call<v1::StoreGetResponse> get;
+  v1::StoreGetRequest req;
+  req.set_job_id(job);
+  req.set_key("job-1/g1/addr");
+  coordinator_->StoreGet(req, get.done(), std::make_shared<CallHandle>());
+  Call<v1::StoreWaitResponse> wait;
+  v1::StoreWaitRequest wreq;
+  wreq.set_job_id(job);
+  wreq.add_keys("job-1/g1/addr");
+  wreq.add_keys("job-1/g1/other");
+  coordinator_->StoreWait(wreq, wait.done(), std::make_shared<CallHandle>());
+  EXPECT_FALSE(get.answered());
+  EXPECT_FALSE(wait.answered());
+
+  v1::StoreSetRequest set;
+  set.set_job_id(job);
+  set.set_key("job-1/g1/addr");
+  set.set_value("10.0.0.1:29500");
+  ASSERT_TRUE(Sync<v1::StoreSetResponse>(
+                  [&](Done<v1::StoreSetResponse> d) { coordinator_->StoreSet(set, std::move(d)); })
+                  .ok());
+  absl::StatusOr<v1::StoreGetResponse> got = get.Get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->value(), "10.0.0.1:29500");
+  EXPECT_FALSE(wait.answered());  // one key is still missing
+
+  v1::StoreAddRequest add;
+  add.set_job_id(job);
+  add.set_key("job-1/g1/other");
+  add.set_delta(3);
+  absl::StatusOr<v1::StoreAddResponse> added = Sync<v1::StoreAddResponse>(
+      [&](Done<v1::StoreAddResponse> d) { coordinator_->StoreAdd(add, std::move(d)); });
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(added->value(), 3);
+  EXPECT_TRUE(wait.Get().ok());
+
+  v1::StoreGetRequest unknown;
+  unknown.set_job_id("job-404");
+  unknown.set_key("k");
+  EXPECT_EQ(Sync<v1::StoreGetResponse>([&](Done<v1::StoreGetResponse> d) {
+              coordinator_->StoreGet(unknown, std::move(d), nullptr);
+            }).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Catches: lease expiry that the driver never applies, or a waiting barrier call that is
+// not answered when its window is aborted.
+TEST_F(CoordinatorTest, TickExpiresLeasesAndAnswersWaiters) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  Call<v1::BeginWindowResponse> waiting;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5), waiting.done(),
+                            std::make_shared<CallHandle>());
+  EXPECT_FALSE(waiting.answered());
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(Heartbeat(job, ranks[0]).ok());
+  clock_.Advance(absl::Seconds(5));
+  coordinator_->Tick();
+  absl::StatusOr<v1::BeginWindowResponse> r = waiting.Get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->decision().outcome(), v1::ABORT);
+  EXPECT_EQ(r->decision().reason(), "WORKER_LOST");
+  absl::StatusOr<v1::Job> j = GetJob(job);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->progress().windows_aborted(), 1);
+}
+
+}  // namespace
+}  // namespace trainstep

@@ -1,0 +1,447 @@
+#include "worker/checkpoint/checkpoint_dir.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/env.h"
+
+namespace trainstep::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+CheckpointMeta MetaFor(int64_t id) {
+  CheckpointMeta m;
+  m.job_id = "job-\"7\"";
+  m.checkpoint_id = id;
+  m.optimizer_update_id = 1000 + id;
+  m.scheduler_step = 2000 + id;
+  m.window_id = 3000 + id;
+  m.epoch = 4;
+  m.cumulative_tokens = std::numeric_limits<int64_t>::max();  // Beyond a double's integers.
+  m.loss_scale = 0.1;                                         // Needs all 17 digits to round-trip.
+  m.scaler_growth_tracker = -5;
+  m.spec_hash = "sha256:0123abcd";
+  m.next_window_id = 3001 + id;
+  m.written_unix_ms = 1732881600123;
+  return m;
+}
+
+TensorMap Model(float value) {
+  return {{"layer.weight", at::full({3, 4}, value)},
+          {"layer.bias", at::arange(4, at::kFloat) + value},
+          {"emb", at::full({2, 2}, value).to(at::kBFloat16)}};
+}
+
+TensorMap Optimizer(float value) {
+  return {{"state.0.exp_avg", at::full({3, 4}, value / 2)},
+          {"state.0.step", at::scalar_tensor(static_cast<int64_t>(value), at::kLong)}};
+}
+
+void ExpectSame(const TensorMap& actual, const TensorMap& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, t] : expected) {
+    ASSERT_EQ(actual.count(name), 1u) << name;
+    EXPECT_EQ(actual.at(name).scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(at::equal(actual.at(name), t)) << name;
+  }
+}
+
+std::set<std::string> Entries(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "checkpoint_dir_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    dir_ = root_ + "/ckpts";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string Write(int64_t id, float value, int keep_last = 0, Env* env = Env::Default()) {
+    absl::StatusOr<std::string> path =
+        WriteCheckpoint(dir_, MetaFor(id), Model(value), Optimizer(value), keep_last, env);
+    EXPECT_TRUE(path.ok()) << path.status();
+    return path.ok() ? *path : "";
+  }
+
+  std::string root_;
+  std::string dir_;  // Not created: WriteCheckpoint must create it.
+};
+
+// Catches any field, tensor or dtype lost between WriteCheckpoint and ReadCheckpoint.
+TEST_F(CheckpointDirTest, WriteReadRoundTrip) {
+  const std::string path = Write(3, 1.5f);
+  EXPECT_EQ(path, dir_ + "/ckpt-3");
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-3"));
+  EXPECT_THAT(Entries(path),
+              UnorderedElementsAre("model.safetensors", "optimizer.safetensors", "meta.json"));
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->path, path);
+  EXPECT_TRUE(loaded->meta == MetaFor(3));
+  ExpectSame(loaded->model, Model(1.5f));
+  ExpectSame(loaded->optimizer, Optimizer(1.5f));
+}
+
+// Catches meta.json that is not plain, readable JSON or misses a field.
+TEST_F(CheckpointDirTest, MetaJsonIsReadablePrettyJsonWithAllFields) {
+  const std::string text = ReadText(Write(3, 1.5f) + "/meta.json");
+  EXPECT_THAT(text, HasSubstr("\n  \"job_id\": \"job-\\\"7\\\"\",\n"));
+  EXPECT_THAT(text, HasSubstr("\n  \"loss_scale\": 0.1,\n"));
+  google::protobuf::Struct json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text, &json).ok()) << text;
+  std::set<std::string> keys;
+  for (const auto& [key, unused] : json.fields()) keys.insert(key);
+  EXPECT_THAT(keys, UnorderedElementsAre("job_id", "checkpoint_id", "optimizer_update_id",
+                                         "scheduler_step", "window_id", "epoch",
+                                         "cumulative_tokens", "loss_scale", "scaler_growth_tracker",
+                                         "spec_hash", "next_window_id", "written_unix_ms"));
+  EXPECT_EQ(json.fields().at("job_id").string_value(), "job-\"7\"");
+  EXPECT_EQ(json.fields().at("checkpoint_id").number_value(), 3);
+  EXPECT_EQ(json.fields().at("written_unix_ms").number_value(), 1732881600123.0);
+  EXPECT_EQ(json.fields().at("loss_scale").number_value(), 0.1);
+  // Beyond 2^53 a JSON number would be rounded by most readers, so it is a string.
+  EXPECT_EQ(json.fields().at("cumulative_tokens").string_value(), "9223372036854775807");
+}
+
+// Catches integers rounded through double and loss scales printed without enough digits.
+TEST(CheckpointMetaTest, JsonRoundTripsExtremeValuesExactly) {
+  const int64_t kTwo53 = int64_t{1} << 53;
+  const std::vector<int64_t> ints = {0,
+                                     -1,
+                                     kTwo53 - 1,
+                                     kTwo53,
+                                     kTwo53 + 1,
+                                     -kTwo53,
+                                     std::numeric_limits<int64_t>::min(),
+                                     std::numeric_limits<int64_t>::max()};
+  const std::vector<double> scales = {1.0,  65536.0, 0.1, 1.0 / 3, 5e-324, 1.7976931348623157e308,
+                                      -0.0, 2.0e-38};
+  for (size_t i = 0; i < ints.size(); ++i) {
+    CheckpointMeta m = MetaFor(1);
+    m.checkpoint_id = m.epoch = m.written_unix_ms = ints[i];
+    m.cumulative_tokens = ints[ints.size() - 1 - i];
+    m.loss_scale = scales[i];
+    m.job_id = "unicode \u2603 tab\t";
+    absl::StatusOr<std::string> json = CheckpointMetaToJson(m);
+    ASSERT_TRUE(json.ok()) << json.status();
+    absl::StatusOr<CheckpointMeta> back = CheckpointMetaFromJson(*json);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << *json;
+    EXPECT_TRUE(*back == m) << *json;
+    EXPECT_EQ(std::signbit(back->loss_scale), std::signbit(m.loss_scale));
+  }
+}
+
+// Catches a meta.json parser that accepts wrong types or missing fields silently.
+TEST(CheckpointMetaTest, MalformedMetaJsonNamesTheField) {
+  const std::string good = *CheckpointMetaToJson(MetaFor(2));
+  const auto replace = [&good](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t pos = s.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    return s.replace(pos, from.size(), to);
+  };
+  struct Case {
+    std::string json;
+    std::string problem;
+  };
+  const std::vector<Case> cases = {
+      {replace("\"epoch\": 4", "\"epoch\": 4.5"), "\"epoch\" is 4.5"},
+      {replace("\"epoch\": 4", "\"epoch\": \"four\""), "\"epoch\" is not an integer"},
+      {replace("\"epoch\": 4", "\"epoch\": 1e300"), "\"epoch\" is 1e+300"},
+      {replace("\"epoch\": 4,", ""), "\"epoch\" is missing"},
+      {replace("\"job_id\": \"job-\\\"7\\\"\"", "\"job_id\": 7"), "\"job_id\" is not a string"},
+      {replace("\"loss_scale\": 0.1", "\"loss_scale\": \"0.1\""), "\"loss_scale\" is not a number"},
+      {"{\"job_id\": " + std::string(10000, '[') + "}", "nests deeper than 1"},
+      {"not json", "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<CheckpointMeta> m = CheckpointMetaFromJson(c.json);
+    ASSERT_FALSE(m.ok()) << c.json;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr(c.problem));
+  }
+  CheckpointMeta inf = MetaFor(2);
+  inf.loss_scale = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(CheckpointMetaToJson(inf).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Catches retention deleting the wrong end, too many, or too few; and keep_last=0 deleting any.
+TEST_F(CheckpointDirTest, KeepLastRetainsTheNewest) {
+  for (int id = 0; id < 6; ++id) Write(id, static_cast<float>(id), /*keep_last=*/2);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-4", "ckpt-5"));
+  for (int id = 6; id < 9; ++id) Write(id, static_cast<float>(id), /*keep_last=*/0);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-4", "ckpt-5", "ckpt-6", "ckpt-7", "ckpt-8"));
+  Write(9, 9.0f, /*keep_last=*/1);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-9"));
+}
+
+// Catches retention deleting the checkpoint just written when older-numbered ones sort after it.
+TEST_F(CheckpointDirTest, RetentionNeverDeletesTheOneJustWritten) {
+  Write(10, 10.0f);
+  Write(11, 11.0f);
+  Write(3, 3.0f, /*keep_last=*/1);
+  EXPECT_TRUE(Entries(dir_).count("ckpt-3"));
+  EXPECT_EQ(Entries(dir_).size(), 1u);
+  ASSERT_TRUE(ReadCheckpoint(dir_, 3).ok());
+}
+
+// Catches LatestCheckpoint returning a temp dir, a half-written or corrupt checkpoint, or a
+// non-canonical name.
+TEST_F(CheckpointDirTest, LatestCheckpointSkipsIncompleteAndTemporary) {
+  Write(1, 1.0f);
+  Write(2, 2.0f);
+  // A copy of ckpt-2 under `name` whose meta.json says `id`.
+  const auto copy = [this](const std::string& name, int64_t id) {
+    fs::copy(dir_ + "/ckpt-2", dir_ + "/" + name, fs::copy_options::recursive);
+    WriteText(dir_ + "/" + name + "/meta.json", *CheckpointMetaToJson(MetaFor(id)));
+  };
+  copy(".ckpt-9.tmp-123", 9);  // A complete temp dir: still not a checkpoint.
+  copy("ckpt-05", 5);          // Non-canonical names.
+  copy("ckpt-x", 2);
+  copy("ckpt-6", 6);  // Missing a file.
+  fs::remove(dir_ + "/ckpt-6/optimizer.safetensors");
+  copy("ckpt-5", 5);  // Truncated model.
+  fs::resize_file(dir_ + "/ckpt-5/model.safetensors", 100);
+  copy("ckpt-4", 2);  // meta.json of another checkpoint.
+  copy("ckpt-3", 3);  // meta.json cut short.
+  fs::resize_file(dir_ + "/ckpt-3/meta.json", 20);
+  WriteText(dir_ + "/ckpt-8", "a file, not a directory");
+  fs::create_directory(dir_ + "/ckpt-7");  // Empty.
+
+  absl::StatusOr<std::optional<int64_t>> latest = LatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, std::optional<int64_t>(2));
+  EXPECT_THAT(ReadCheckpoint(dir_, 4).status().message(), HasSubstr("checkpoint_id is 2, not 4"));
+  EXPECT_EQ(ReadCheckpoint(dir_, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadCheckpoint(dir_, 6).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Catches an error (instead of "none") for an empty or not-yet-created directory.
+TEST_F(CheckpointDirTest, LatestCheckpointOfEmptyOrMissingDirIsNone) {
+  absl::StatusOr<std::optional<int64_t>> missing = LatestCheckpoint(dir_);
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_FALSE(missing->has_value());
+  fs::create_directory(dir_);
+  absl::StatusOr<std::optional<int64_t>> empty = LatestCheckpoint(dir_);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_FALSE(empty->has_value());
+  EXPECT_EQ(ReadCheckpoint(dir_, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Catches rewriting an id failing (rename onto a non-empty dir) or keeping the old contents.
+TEST_F(CheckpointDirTest, RewritingTheSameIdReplacesIt) {
+  Write(7, 1.0f);
+  Write(7, 2.0f);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-7"));  // No temp or set-aside leftovers.
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 7);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSame(loaded->model, Model(2.0f));
+  ExpectSame(loaded->optimizer, Optimizer(2.0f));
+}
+
+// An Env that logs operations and can fail the first one a predicate picks.
+#define RETURN_IF_FAILS(op) \
+  if (Fails(op)) return absl::UnavailableError("injected failure: " + std::string(op))
+class ScriptedEnv : public EnvWrapper {
+ public:
+  ScriptedEnv() : EnvWrapper(Env::Default()) {}
+
+  // Ops are logged as "<op> <path>[ -> <to>]"; the first matching `fail_when` fails.
+  std::function<bool(const std::string&)> fail_when = [](const std::string&) { return false; };
+  std::vector<std::string> log;
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    RETURN_IF_FAILS("create " + path);
+    absl::StatusOr<std::unique_ptr<WritableFile>> f = target()->NewWritableFile(path);
+    if (!f.ok()) return f;
+    return std::unique_ptr<WritableFile>(new File(this, path, *std::move(f)));
+  }
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    RETURN_IF_FAILS("rename " + from + " -> " + to);
+    return target()->RenameFile(from, to);
+  }
+  absl::Status SyncDir(const std::string& dir) override {
+    RETURN_IF_FAILS("syncdir " + dir);
+    return target()->SyncDir(dir);
+  }
+  absl::Status DeleteFile(const std::string& path) override {
+    RETURN_IF_FAILS("delete " + path);
+    return target()->DeleteFile(path);
+  }
+
+ private:
+  // Logs `op`; returns true (and disarms) if it must fail.
+  bool Fails(const std::string& op) {
+    log.push_back(op);
+    if (!fail_when(op)) return false;
+    fail_when = [](const std::string&) { return false; };
+    log.back() += " FAILED";
+    return true;
+  }
+
+  class File : public WritableFile {
+   public:
+    File(ScriptedEnv* env, std::string path, std::unique_ptr<WritableFile> f)
+        : env_(env), path_(std::move(path)), f_(std::move(f)) {}
+    absl::Status Append(std::string_view data) override { return f_->Append(data); }
+    absl::Status Sync() override {
+      if (env_->Fails("sync " + path_)) return absl::UnavailableError("injected fsync failure");
+      return f_->Sync();
+    }
+    absl::Status Close() override { return f_->Close(); }
+
+   private:
+    ScriptedEnv* env_;
+    std::string path_;
+    std::unique_ptr<WritableFile> f_;
+  };
+};
+
+size_t IndexOf(const std::vector<std::string>& log, const std::string& prefix,
+               const std::string& contains = "") {
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (absl::StartsWith(log[i], prefix) && absl::StrContains(log[i], contains)) return i;
+  }
+  ADD_FAILURE() << "no " << prefix << " ... " << contains;
+  return log.size();
+}
+
+// Catches a checkpoint made visible before its files and temp dir are durable, or the parent
+// dir not synced after the rename.
+TEST_F(CheckpointDirTest, SyncsEverythingBeforeTheRenameAndTheDirAfter) {
+  ScriptedEnv env;
+  Write(4, 1.0f, 0, &env);
+  const std::string tmp = absl::StrCat(dir_, "/.ckpt-4.tmp-", ::getpid());
+  const size_t rename = IndexOf(env.log, "rename " + tmp + " -> " + dir_ + "/ckpt-4");
+  EXPECT_LT(IndexOf(env.log, "sync " + tmp + "/model.safetensors"), rename);
+  EXPECT_LT(IndexOf(env.log, "sync " + tmp + "/optimizer.safetensors"), rename);
+  EXPECT_LT(IndexOf(env.log, "sync " + tmp + "/meta.json"), rename);
+  EXPECT_LT(IndexOf(env.log, "syncdir " + tmp), rename);
+  // `dir` was created, so its parent is synced; `dir` itself after the rename, last.
+  EXPECT_LT(IndexOf(env.log, "syncdir " + root_), rename);
+  EXPECT_EQ(env.log.back(), "syncdir " + dir_);
+}
+
+// Catches a failed write leaving a visible (or a stray temp) checkpoint behind.
+TEST_F(CheckpointDirTest, FailedWriteLeavesNothingVisible) {
+  Write(1, 1.0f);
+  ScriptedEnv env;
+  env.fail_when = [](const std::string& op) {
+    return absl::StartsWith(op, "sync ") && absl::EndsWith(op, "optimizer.safetensors");
+  };
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, MetaFor(2), Model(2.0f), Optimizer(2.0f), 0, &env);
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-1"));
+  EXPECT_EQ(*LatestCheckpoint(dir_), std::optional<int64_t>(1));
+}
+
+// Catches a failed replacement losing the checkpoint it was replacing.
+TEST_F(CheckpointDirTest, FailedReplacementRestoresTheOldCheckpoint) {
+  Write(7, 1.0f);
+  ScriptedEnv env;
+  env.fail_when = [this](const std::string& op) {
+    return absl::StartsWith(op, "rename ") && absl::EndsWith(op, " -> " + dir_ + "/ckpt-7");
+  };
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, MetaFor(7), Model(2.0f), Optimizer(2.0f), 0, &env);
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-7"));
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 7);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSame(loaded->model, Model(1.0f));
+}
+
+// Catches a failing fsync of the directory being reported as success (not durable, so not ackable).
+TEST_F(CheckpointDirTest, FailedDirSyncAfterRenameIsAnError) {
+  ScriptedEnv env;
+  env.fail_when = [this](const std::string& op) { return op == "syncdir " + dir_; };
+  fs::create_directory(dir_);
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, MetaFor(1), Model(1.0f), Optimizer(1.0f), 0, &env);
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Catches crashed writers' temp dirs piling up forever, or a live newer one being deleted.
+TEST_F(CheckpointDirTest, PrunesLeftoversOfLowerIdsOnly) {
+  Write(1, 1.0f);
+  for (const char* name : {".ckpt-1.tmp-999", ".ckpt-0.old-999", ".ckpt-9.tmp-999"}) {
+    fs::create_directory(dir_ + "/" + name);
+    WriteText(dir_ + "/" + name + "/model.safetensors", "partial");
+  }
+  WriteText(dir_ + "/notes.txt", "not ours");
+  Write(2, 2.0f);
+  EXPECT_THAT(Entries(dir_), ElementsAre(".ckpt-9.tmp-999", "ckpt-1", "ckpt-2", "notes.txt"));
+}
+
+// Catches arguments that would write an unreadable or misnamed checkpoint.
+TEST_F(CheckpointDirTest, RejectsBadArguments) {
+  CheckpointMeta bad = MetaFor(-1);
+  EXPECT_EQ(WriteCheckpoint(dir_, bad, {}, {}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteCheckpoint(dir_, MetaFor(1), {}, {}, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = MetaFor(1);
+  bad.loss_scale = std::nan("");
+  EXPECT_EQ(WriteCheckpoint(dir_, bad, {}, {}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::string> bad_tensor =
+      WriteCheckpoint(dir_, MetaFor(1), {{"w", at::zeros({1}, at::kComplexDouble)}}, {}, 0);
+  EXPECT_EQ(bad_tensor.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_tensor.status().message(), HasSubstr("tensor 'w'"));
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt-1"));
+  EXPECT_TRUE(!fs::exists(dir_) || Entries(dir_).empty());  // Temp dir cleaned up.
+  EXPECT_EQ(ReadCheckpoint(dir_, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Catches an empty model or optimizer (a fresh optimizer has no state) being unwritable.
+TEST_F(CheckpointDirTest, EmptyTensorMapsRoundTrip) {
+  absl::StatusOr<std::string> path = WriteCheckpoint(dir_, MetaFor(0), {}, {}, 0);
+  ASSERT_TRUE(path.ok()) << path.status();
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->model.empty());
+  EXPECT_TRUE(loaded->optimizer.empty());
+  EXPECT_EQ(*LatestCheckpoint(dir_), std::optional<int64_t>(0));
+}
+
+#undef RETURN_IF_FAILS
+
+}  // namespace
+}  // namespace trainstep::ckpt

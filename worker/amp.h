@@ -1,0 +1,43 @@
+// Mixed precision in one place: the autocast scope (the only code that touches LibTorch's
+// autocast API, whose names changed in 2.x) and the unscale + non-finite check that runs
+// once per window, after the all-reduce and before any norm or clip (REFERENCE 7, 8).
+#ifndef TRAINSTEP_WORKER_AMP_H_
+#define TRAINSTEP_WORKER_AMP_H_
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "trainstep/v1/spec.pb.h"
+
+namespace trainstep {
+
+// fp16 needs CUDA autocast; refuse it on CPU with what to do instead.
+absl::Status CheckPrecision(v1::JobSpec::Precision precision, const at::Device& device);
+
+// Enables autocast for the scope's lifetime: bf16 on CPU or CUDA, fp16 on CUDA; fp32 does
+// nothing. Not nestable; one per forward.
+class AutocastScope {
+ public:
+  AutocastScope(v1::JobSpec::Precision precision, const at::Device& device);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool cpu_ = false;
+  bool cuda_ = false;
+};
+
+// tensors ×= inv_scale in place; returns true if any value is not finite. The CPU path is
+// our own (Debian's LibTorch 1.13 has the ATen op for CUDA only); CUDA uses
+// _amp_foreach_non_finite_check_and_unscale_.
+bool UnscaleAndCheck(std::vector<at::Tensor>& tensors, double inv_scale);
+
+// Global L2 norm: each tensor's norm in fp32 (as clip_grad_norm_), combined in double.
+double GlobalNorm(const std::vector<at::Tensor>& tensors);
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_WORKER_AMP_H_

@@ -1,0 +1,417 @@
+#include "worker/checkpoint/checkpoint_dir.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace trainstep::ckpt {
+namespace {
+
+using google::protobuf::Value;
+
+constexpr char kModelFile[] = "model.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kMetaFile[] = "meta.json";
+constexpr char kDirPrefix[] = "ckpt-";
+// Integers a JSON double holds exactly; beyond them meta.json uses decimal strings.
+constexpr int64_t kMaxExactJsonInt = (int64_t{1} << 53) - 1;
+
+struct IntField {
+  const char* name;
+  int64_t CheckpointMeta::*member;
+};
+// meta.json's integer fields. Strings and loss_scale are handled by name.
+constexpr IntField kIntFields[] = {
+    {"checkpoint_id", &CheckpointMeta::checkpoint_id},
+    {"optimizer_update_id", &CheckpointMeta::optimizer_update_id},
+    {"scheduler_step", &CheckpointMeta::scheduler_step},
+    {"window_id", &CheckpointMeta::window_id},
+    {"epoch", &CheckpointMeta::epoch},
+    {"cumulative_tokens", &CheckpointMeta::cumulative_tokens},
+    {"scaler_growth_tracker", &CheckpointMeta::scaler_growth_tracker},
+    {"next_window_id", &CheckpointMeta::next_window_id},
+    {"written_unix_ms", &CheckpointMeta::written_unix_ms},
+};
+
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string ParentDir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return p.substr(0, slash);
+}
+
+// Canonical decimal only, so "ckpt-07" can never shadow "ckpt-7".
+std::optional<int64_t> ParseId(absl::string_view digits) {
+  if (digits.empty() || (digits.size() > 1 && digits[0] == '0')) return std::nullopt;
+  for (char c : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  int64_t id;
+  if (!absl::SimpleAtoi(digits, &id)) return std::nullopt;
+  return id;
+}
+
+// "ckpt-<id>" → id.
+std::optional<int64_t> ParseCheckpointDirName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kDirPrefix)) return std::nullopt;
+  return ParseId(name);
+}
+
+// ".ckpt-<id>.tmp-<pid>" or ".ckpt-<id>.old-<pid>" (our own leftovers) → id.
+std::optional<int64_t> ParseLeftoverName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, ".") || !absl::ConsumePrefix(&name, kDirPrefix)) {
+    return std::nullopt;
+  }
+  const size_t dot = name.find('.');
+  if (dot == absl::string_view::npos) return std::nullopt;
+  const absl::string_view rest = name.substr(dot + 1);
+  if (!absl::StartsWith(rest, "tmp-") && !absl::StartsWith(rest, "old-")) return std::nullopt;
+  return ParseId(name.substr(0, dot));
+}
+
+std::string LeftoverPath(const std::string& dir, int64_t id, absl::string_view kind) {
+  return JoinPath(dir, absl::StrCat(".", kDirPrefix, id, ".", kind, "-", ::getpid()));
+}
+
+// Env has no directory removal (yet); this rmdir is the one file-system call that bypasses it.
+absl::Status RemoveEmptyDir(const std::string& path) {
+  if (::rmdir(path.c_str()) != 0) {
+    const int err = errno;
+    return absl::ErrnoToStatus(err, absl::StrCat("rmdir ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Our checkpoint directories hold only files.
+absl::Status RemoveCheckpointTree(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(path));
+  for (const std::string& name : names) RETURN_IF_ERROR(env->DeleteFile(JoinPath(path, name)));
+  return RemoveEmptyDir(path);
+}
+
+std::string IntJson(int64_t v) {
+  if (v >= -kMaxExactJsonInt && v <= kMaxExactJsonInt) return absl::StrCat(v);
+  return absl::StrCat("\"", v, "\"");
+}
+
+// Shortest text that parses back to the same double.
+std::string DoubleJson(double v) {
+  // protobuf's parser reads "-0" as an integer, losing the sign; "-0.0" keeps it.
+  if (v == 0 && std::signbit(v)) return "-0.0";
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+absl::Status MetaError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("meta.json field \"", field, "\" ", problem));
+}
+
+absl::StatusOr<const Value*> MetaField(const google::protobuf::Struct& s, const char* name) {
+  auto it = s.fields().find(name);
+  if (it == s.fields().end()) return MetaError(name, "is missing");
+  return &it->second;
+}
+
+absl::StatusOr<int64_t> MetaInt(const google::protobuf::Struct& s, const char* name) {
+  ASSIGN_OR_RETURN(const Value* v, MetaField(s, name));
+  if (v->kind_case() == Value::kNumberValue) {
+    const double d = v->number_value();
+    // Beyond 2^53 the parser may already have rounded: such values are written as strings.
+    if (std::abs(d) <= static_cast<double>(kMaxExactJsonInt) && d == std::floor(d)) {
+      return static_cast<int64_t>(d);
+    }
+    return MetaError(name, absl::StrCat("is ", d, ", not an integer within +-(2^53-1)"));
+  }
+  int64_t out;
+  if (v->kind_case() == Value::kStringValue && absl::SimpleAtoi(v->string_value(), &out)) {
+    return out;
+  }
+  return MetaError(name, "is not an integer");
+}
+
+absl::StatusOr<std::string> MetaString(const google::protobuf::Struct& s, const char* name) {
+  ASSIGN_OR_RETURN(const Value* v, MetaField(s, name));
+  if (v->kind_case() != Value::kStringValue) return MetaError(name, "is not a string");
+  return v->string_value();
+}
+
+absl::Status WriteWholeFile(Env* env, const std::string& path, absl::string_view contents) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path));
+  RETURN_IF_ERROR(file->Append(std::string_view(contents.data(), contents.size())));
+  RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+absl::StatusOr<CheckpointMeta> ReadMeta(Env* env, const std::string& ckpt_path,
+                                        int64_t expected_id) {
+  const std::string path = JoinPath(ckpt_path, kMetaFile);
+  ASSIGN_OR_RETURN(std::string json, env->ReadFile(path));
+  absl::StatusOr<CheckpointMeta> meta = CheckpointMetaFromJson(json);
+  if (!meta.ok()) {
+    return absl::Status(meta.status().code(), absl::StrCat(path, ": ", meta.status().message()));
+  }
+  if (meta->checkpoint_id != expected_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": checkpoint_id is ", meta->checkpoint_id, ", not ", expected_id));
+  }
+  return meta;
+}
+
+// Everything ReadCheckpoint checks, without building tensors.
+absl::Status CheckComplete(Env* env, const std::string& ckpt_path, int64_t id) {
+  RETURN_IF_ERROR(ReadMeta(env, ckpt_path, id).status());
+  for (const char* name : {kModelFile, kOptimizerFile}) {
+    const std::string path = JoinPath(ckpt_path, name);
+    ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+    if (absl::Status s = ValidateSafetensors(bytes); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Makes `tmp` the visible ckpt-<id>, replacing an existing one.
+absl::Status Publish(Env* env, const std::string& dir, const std::string& tmp,
+                     const std::string& final_path, const std::string& aside) {
+  if (!env->FileExists(final_path)) {
+    RETURN_IF_ERROR(env->RenameFile(tmp, final_path));
+    return env->SyncDir(dir);
+  }
+  // rename() cannot replace a non-empty directory: move the old one aside first.
+  if (env->FileExists(aside)) RETURN_IF_ERROR(RemoveCheckpointTree(env, aside));
+  RETURN_IF_ERROR(env->RenameFile(final_path, aside));
+  if (absl::Status s = env->RenameFile(tmp, final_path); !s.ok()) {
+    // Put the old checkpoint back so that a failed rewrite loses nothing.
+    if (absl::Status back = env->RenameFile(aside, final_path); !back.ok()) {
+      LogError(
+          absl::StrCat("checkpoint ", final_path, " is now only at ", aside, ": ", back.message()));
+    }
+    return s;
+  }
+  RETURN_IF_ERROR(env->SyncDir(dir));
+  if (absl::Status s = RemoveCheckpointTree(env, aside); !s.ok()) {
+    LogWarning(absl::StrCat("removing the replaced checkpoint ", aside, ": ", s.message()));
+  }
+  return env->SyncDir(dir);
+}
+
+// Best effort: a checkpoint that is durable stays written even if cleaning up fails.
+void Prune(Env* env, const std::string& dir, int64_t written_id, int keep_last) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
+  if (!names.ok()) {
+    LogWarning(absl::StrCat("checkpoint retention: ", names.status().message()));
+    return;
+  }
+  std::vector<int64_t> ids;
+  std::vector<std::string> doomed;  // Paths to delete.
+  for (const std::string& name : *names) {
+    if (std::optional<int64_t> id = ParseCheckpointDirName(name)) {
+      ids.push_back(*id);
+    } else if (std::optional<int64_t> left = ParseLeftoverName(name); left && *left < written_id) {
+      doomed.push_back(JoinPath(dir, name));  // A crashed writer's, never to be renamed in now.
+    }
+  }
+  if (keep_last > 0 && ids.size() > static_cast<size_t>(keep_last)) {
+    std::sort(ids.begin(), ids.end());
+    size_t excess = ids.size() - static_cast<size_t>(keep_last);
+    bool renamed = false;
+    for (int64_t id : ids) {
+      if (excess == 0) break;
+      if (id == written_id) continue;
+      --excess;
+      // Renamed aside first: a crash mid-delete must not leave a ckpt-<id> missing files.
+      const std::string aside = LeftoverPath(dir, id, "old");
+      absl::Status s = env->FileExists(aside) ? RemoveCheckpointTree(env, aside) : absl::OkStatus();
+      if (s.ok()) s = env->RenameFile(JoinPath(dir, CheckpointDirName(id)), aside);
+      if (!s.ok()) {
+        LogWarning(absl::StrCat("checkpoint retention: ", s.message()));
+        continue;
+      }
+      renamed = true;
+      doomed.push_back(aside);
+    }
+    if (renamed) {
+      if (absl::Status s = env->SyncDir(dir); !s.ok()) {
+        LogWarning(absl::StrCat("checkpoint retention: ", s.message()));
+        return;  // Deleting now could leave a ckpt-<id> that lost files after a crash.
+      }
+    }
+  }
+  for (const std::string& path : doomed) {
+    if (absl::Status s = RemoveCheckpointTree(env, path); !s.ok()) {
+      LogWarning(absl::StrCat("checkpoint retention: ", s.message()));
+    }
+  }
+  if (!doomed.empty()) {
+    if (absl::Status s = env->SyncDir(dir); !s.ok()) {
+      LogWarning(absl::StrCat("checkpoint retention: ", s.message()));
+    }
+  }
+}
+
+}  // namespace
+
+bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
+  const auto tie = [](const CheckpointMeta& m) {
+    return std::tie(m.job_id, m.checkpoint_id, m.optimizer_update_id, m.scheduler_step, m.window_id,
+                    m.epoch, m.cumulative_tokens, m.loss_scale, m.scaler_growth_tracker,
+                    m.spec_hash, m.next_window_id, m.written_unix_ms);
+  };
+  return tie(a) == tie(b);
+}
+
+std::string CheckpointDirName(int64_t checkpoint_id) {
+  return absl::StrCat(kDirPrefix, checkpoint_id);
+}
+
+absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
+  if (!std::isfinite(m.loss_scale)) {
+    return MetaError("loss_scale",
+                     absl::StrCat("is ", m.loss_scale, "; JSON needs a finite number"));
+  }
+  if (!internal::IsValidUtf8(m.job_id)) return MetaError("job_id", "is not valid UTF-8");
+  if (!internal::IsValidUtf8(m.spec_hash)) return MetaError("spec_hash", "is not valid UTF-8");
+  return absl::StrCat("{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
+                      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
+                      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
+                      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
+                      "  \"window_id\": ", IntJson(m.window_id), ",\n",
+                      "  \"epoch\": ", IntJson(m.epoch), ",\n",
+                      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
+                      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
+                      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
+                      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
+                      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
+                      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms), "\n", "}\n");
+}
+
+absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
+  if (absl::Status s = internal::CheckJsonNesting(json, 1); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("meta.json: ", s.message()));
+  }
+  google::protobuf::Struct s;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &s);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("meta.json is not valid JSON: ", parsed.message().as_string()));
+  }
+  // Unknown keys are ignored, so a newer writer may add fields.
+  CheckpointMeta m;
+  ASSIGN_OR_RETURN(m.job_id, MetaString(s, "job_id"));
+  ASSIGN_OR_RETURN(m.spec_hash, MetaString(s, "spec_hash"));
+  for (const IntField& f : kIntFields) {
+    ASSIGN_OR_RETURN(m.*f.member, MetaInt(s, f.name));
+  }
+  ASSIGN_OR_RETURN(const Value* scale, MetaField(s, "loss_scale"));
+  if (scale->kind_case() != Value::kNumberValue) return MetaError("loss_scale", "is not a number");
+  m.loss_scale = scale->number_value();
+  return m;
+}
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointMeta& meta,
+                                            const TensorMap& model, const TensorMap& optimizer,
+                                            int keep_last, Env* env) {
+  if (meta.checkpoint_id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_id ", meta.checkpoint_id, " is negative"));
+  }
+  if (keep_last < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("keep_last ", keep_last, " is negative"));
+  }
+  // Everything that can be rejected is rejected before the disk is touched.
+  ASSIGN_OR_RETURN(const std::string meta_json, CheckpointMetaToJson(meta));
+
+  const int64_t id = meta.checkpoint_id;
+  const std::string final_path = JoinPath(dir, CheckpointDirName(id));
+  const std::string tmp = LeftoverPath(dir, id, "tmp");
+  const std::string aside = LeftoverPath(dir, id, "old");
+
+  if (!env->FileExists(dir)) {
+    RETURN_IF_ERROR(env->CreateDirs(dir));
+    RETURN_IF_ERROR(env->SyncDir(ParentDir(dir)));  // So `dir` itself survives a crash.
+  }
+  // Left by an earlier process that had our pid.
+  if (env->FileExists(tmp)) RETURN_IF_ERROR(RemoveCheckpointTree(env, tmp));
+  RETURN_IF_ERROR(env->CreateDirs(tmp));
+
+  const auto write_all = [&]() -> absl::Status {
+    // "format": "pt" tells Hugging Face tools these are PyTorch tensors.
+    const Metadata file_metadata = {{"format", "pt"}};
+    RETURN_IF_ERROR(WriteSafetensorsFile(JoinPath(tmp, kModelFile), model, file_metadata, env));
+    RETURN_IF_ERROR(
+        WriteSafetensorsFile(JoinPath(tmp, kOptimizerFile), optimizer, file_metadata, env));
+    RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, kMetaFile), meta_json));
+    RETURN_IF_ERROR(env->SyncDir(tmp));
+    return Publish(env, dir, tmp, final_path, aside);
+  };
+  if (absl::Status s = write_all(); !s.ok()) {
+    if (env->FileExists(tmp)) {
+      if (absl::Status r = RemoveCheckpointTree(env, tmp); !r.ok()) {
+        LogWarning(absl::StrCat("removing ", tmp, " after a failed write: ", r.message()));
+      }
+    }
+    return s;
+  }
+  Prune(env, dir, id, keep_last);
+  return final_path;
+}
+
+absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, int64_t checkpoint_id,
+                                                Env* env) {
+  if (checkpoint_id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_id ", checkpoint_id, " is negative"));
+  }
+  LoadedCheckpoint out;
+  out.path = JoinPath(dir, CheckpointDirName(checkpoint_id));
+  ASSIGN_OR_RETURN(out.meta, ReadMeta(env, out.path, checkpoint_id));
+  ASSIGN_OR_RETURN(out.model, ReadSafetensorsFile(JoinPath(out.path, kModelFile), nullptr, env));
+  ASSIGN_OR_RETURN(out.optimizer,
+                   ReadSafetensorsFile(JoinPath(out.path, kOptimizerFile), nullptr, env));
+  return out;
+}
+
+absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const std::string& dir, Env* env) {
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
+  if (absl::IsNotFound(names.status())) return std::optional<int64_t>();
+  if (!names.ok()) return names.status();
+  std::vector<int64_t> ids;
+  for (const std::string& name : *names) {
+    if (std::optional<int64_t> id = ParseCheckpointDirName(name)) ids.push_back(*id);
+  }
+  std::sort(ids.rbegin(), ids.rend());
+  for (int64_t id : ids) {
+    const std::string path = JoinPath(dir, CheckpointDirName(id));
+    absl::Status s = CheckComplete(env, path, id);
+    if (s.ok()) return std::optional<int64_t>(id);
+    LogWarning(absl::StrCat("skipping incomplete checkpoint ", path, ": ", s.message()));
+  }
+  return std::optional<int64_t>();
+}
+
+}  // namespace trainstep::ckpt

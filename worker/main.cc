@@ -1,0 +1,112 @@
+// trainstep-worker: flags → Worker. Nothing testable lives here.
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "worker/metrics.h"
+#include "worker/worker.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address host:port (default: $TRAINSTEP_COORDINATOR, else 127.0.0.1:7070)");
+ABSL_FLAG(std::string, job, "", "job id to join (default: the oldest job that needs workers)");
+ABSL_FLAG(std::string, name, "", "name shown in `trainstep worker list` (default: host-pid)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics address (host:port; empty disables; port 0 picks a free one)");
+ABSL_FLAG(std::string, collective_host, "",
+          "address peers reach this worker's collective at (default: 127.0.0.1 when the "
+          "coordinator is on loopback, else this host's name)");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda (cuda needs a CUDA build and a GPU)");
+ABSL_FLAG(int64_t, collective_timeout_ms, 120000,
+          "rendezvous and all-reduce timeout; a dead peer is noticed within this");
+ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
+ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
+          "TEST ONLY: perturb this worker's gradient in that window so replicas desync");
+
+namespace trainstep {
+namespace {
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
+      "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]");
+  std::vector<char*> args;
+  std::vector<std::string> storage = NormalizeFlagNames(argc, argv, &args);
+  absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
+
+  LogFormat format;
+  if (!ParseLogFormat(absl::GetFlag(FLAGS_log_format), &format)) {
+    LogError("--log-format must be text or json");
+    return 2;
+  }
+  SetLogFormat(format);
+
+  WorkerOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    const char* env = std::getenv("TRAINSTEP_COORDINATOR");
+    options.coordinator = env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+  }
+  options.job_id = absl::GetFlag(FLAGS_job);
+  options.name = absl::GetFlag(FLAGS_name);
+  options.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
+  options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
+  options.collective.host = absl::GetFlag(FLAGS_collective_host);
+  if (options.collective.host.empty()) {
+    const bool loopback = absl::StartsWith(options.coordinator, "127.") ||
+                          absl::StartsWith(options.coordinator, "localhost:");
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    options.collective.host = loopback ? "127.0.0.1" : host;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cuda") {
+#ifdef TRAINSTEP_WITH_CUDA
+    options.collective.device = at::Device(at::kCUDA, 0);
+#else
+    LogError("--device cuda: this worker was built without CUDA (TRAINSTEP_WITH_CUDA); use cpu");
+    return 2;
+#endif
+  } else if (device != "cpu") {
+    LogError(absl::StrCat("--device must be cpu or cuda, got \"", device, "\""));
+    return 2;
+  }
+
+  std::unique_ptr<WorkerMetrics> metrics;
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<WorkerMetrics>> m = WorkerMetrics::Start(metrics_listen);
+    if (!m.ok()) {
+      LogError(std::string(m.status().message()));
+      return 2;
+    }
+    metrics = std::move(*m);
+    options.metrics = metrics.get();
+    LogInfo(absl::StrCat("metrics on http://", metrics_listen.substr(0, metrics_listen.rfind(':')),
+                         ":", metrics->port(), "/metrics"));
+  }
+
+  Worker worker(options);
+  WorkerExit exit;
+  try {
+    exit = worker.Run();
+  } catch (const std::exception& e) {  // the last edge: never `terminate`, always a message
+    exit = {1, absl::StrCat("unexpected error: ", e.what())};
+  }
+  if (exit.code == 0) {
+    LogInfo(exit.message);
+  } else {
+    LogError(exit.message);
+  }
+  return exit.code;
+}
+
+}  // namespace
+}  // namespace trainstep
+
+int main(int argc, char** argv) { return trainstep::Main(argc, argv); }

@@ -1,0 +1,40 @@
+// A trainable model as the worker sees it: a forward over a micro-batch and its named
+// parameters (and buffers), whatever built it (built-in or a user's TorchScript file).
+#ifndef TRAINSTEP_WORKER_MODELS_MODEL_H_
+#define TRAINSTEP_WORKER_MODELS_MODEL_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainstep/v1/spec.pb.h"
+
+namespace trainstep {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Token models: input_ids int64 [B, T] -> logits [B, T, V].
+  // Regression models: features float [B, F] -> predictions [B, O].
+  virtual at::Tensor Forward(const at::Tensor& input) = 0;
+  // Parameters by name, in a fixed order (the order of gradient buckets and checkpoints).
+  virtual NamedTensors NamedParameters() = 0;
+  // Buffers (state that is not trained but must be checkpointed), by name.
+  virtual NamedTensors NamedBuffers() = 0;
+  virtual void SetTraining(bool training) = 0;
+  virtual void To(const at::Device& device) = 0;
+};
+
+// Builds the spec's model: built-ins from the seed (identical on every rank), TorchScript
+// from its file with its own weights. Errors name the field (model.torchscript.path).
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved);
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_WORKER_MODELS_MODEL_H_

@@ -1,0 +1,187 @@
+// The built-in models (tiny_gpt, mlp) and the TorchScript wrapper.
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/script.h>
+#include <torch/utils.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "worker/models/model.h"
+
+namespace trainstep {
+namespace {
+
+// Causal self-attention, written out so nothing depends on fused kernels that differ
+// across LibTorch versions.
+struct AttentionImpl : torch::nn::Module {
+  AttentionImpl(int64_t d_model, int64_t n_head) : n_head(n_head), d_head(d_model / n_head) {
+    qkv = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
+    proj = register_module("proj", torch::nn::Linear(d_model, d_model));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+    std::vector<at::Tensor> parts = qkv(x).chunk(3, /*dim=*/2);
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, n_head, d_head}).transpose(1, 2); };
+    at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d_head));
+    // Right padding plus a causal mask: real positions never see the padding after them.
+    at::Tensor mask = at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(x.device()))
+                          .triu(/*diagonal=*/1);
+    att = att.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    att = at::softmax(att, /*dim=*/-1);
+    at::Tensor y = at::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d});
+    return proj(y);
+  }
+  int64_t n_head, d_head;
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(Attention);
+
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d_model, int64_t n_head) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    attn = register_module("attn", Attention(d_model, n_head));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    fc = register_module("fc", torch::nn::Linear(d_model, 4 * d_model));
+    out = register_module("out", torch::nn::Linear(4 * d_model, d_model));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = x + attn(ln1(x));
+    return x + out(at::gelu(fc(ln2(x))));
+  }
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  Attention attn{nullptr};
+  torch::nn::Linear fc{nullptr}, out{nullptr};
+};
+TORCH_MODULE(Block);
+
+// A byte-level (vocab 256) decoder-only transformer.
+struct TinyGptImpl : torch::nn::Module {
+  TinyGptImpl(const v1::TinyGpt& s, int64_t vocab) : seq_len(s.seq_len()) {
+    tok_emb = register_module("tok_emb", torch::nn::Embedding(vocab, s.d_model()));
+    pos_emb = register_module("pos_emb", torch::nn::Embedding(s.seq_len(), s.d_model()));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < s.n_layer(); ++i) blocks->push_back(Block(s.d_model(), s.n_head()));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model()})));
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(s.d_model(), vocab)));
+  }
+  at::Tensor forward(const at::Tensor& ids) {
+    const int64_t t = ids.size(1);
+    at::Tensor pos = at::arange(t, at::TensorOptions().dtype(at::kLong).device(ids.device()));
+    at::Tensor x = tok_emb(ids) + pos_emb(pos).unsqueeze(0);
+    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
+    return head(ln_f(x));
+  }
+  int64_t seq_len;
+  torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TinyGpt);
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const v1::Mlp& s) {
+    fc1 = register_module("fc1", torch::nn::Linear(s.in_features(), s.hidden()));
+    fc2 = register_module("fc2", torch::nn::Linear(s.hidden(), s.out_features()));
+  }
+  at::Tensor forward(const at::Tensor& x) { return fc2(at::tanh(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+NamedTensors FromDict(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  NamedTensors out;
+  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// A torch::nn module held as a Model.
+template <typename Holder>
+class NativeModel : public Model {
+ public:
+  explicit NativeModel(Holder module) : module_(std::move(module)) {}
+  at::Tensor Forward(const at::Tensor& input) override { return module_->forward(input); }
+  NamedTensors NamedParameters() override { return FromDict(module_->named_parameters()); }
+  NamedTensors NamedBuffers() override { return FromDict(module_->named_buffers()); }
+  void SetTraining(bool training) override { module_->train(training); }
+  void To(const at::Device& device) override { module_->to(device); }
+
+ private:
+  Holder module_;
+};
+
+class TorchScriptModel : public Model {
+ public:
+  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+  at::Tensor Forward(const at::Tensor& input) override {
+    return module_.forward({input}).toTensor();
+  }
+  NamedTensors NamedParameters() override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors NamedBuffers() override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void SetTraining(bool training) override { module_.train(training); }
+  void To(const at::Device& device) override { module_.to(device); }
+
+ private:
+  torch::jit::Module module_;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved) {
+  // LibTorch throws; nothing escapes this function but a Status.
+  try {
+    return BuildModelOrThrow(resolved);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 400) what = what.substr(0, 400) + "…";
+    return absl::InternalError(absl::StrCat("building the model: ", what));
+  }
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved) {
+  const v1::Model& m = resolved.model();
+  // Same seed, same initial weights on every rank (and in the tests' reference loop).
+  torch::manual_seed(resolved.seed());
+  switch (m.kind_case()) {
+    case v1::Model::kTinyGpt:
+      return std::unique_ptr<Model>(
+          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), /*vocab=*/256)));
+    case v1::Model::kMlp:
+      return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp())));
+    case v1::Model::kTorchscript: {
+      try {
+        return std::unique_ptr<Model>(new TorchScriptModel(torch::jit::load(m.torchscript().path())));
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (what.size() > 400) what = what.substr(0, 400) + "…";
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.torchscript.path: cannot load ", m.torchscript().path(), ": ", what));
+      }
+    }
+    case v1::Model::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("model is required: one of tiny_gpt, mlp, torchscript");
+}
+
+}  // namespace
+}  // namespace trainstep

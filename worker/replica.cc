@@ -1,0 +1,165 @@
+#include "worker/replica.h"
+
+#include <torch/autograd.h>
+#include <torch/csrc/api/include/torch/utils.h>
+
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "worker/amp.h"
+#include "worker/checkpoint/safetensors.h"
+#include "worker/loss.h"
+
+namespace trainstep {
+namespace {
+
+constexpr char kModelPrefix[] = "model/";
+constexpr char kOptimPrefix[] = "optim/";
+
+// LibTorch throws; the worker's edge wants a Status with context.
+template <typename Fn>
+absl::Status Catching(const std::string& what, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (msg.size() > 800) msg = msg.substr(0, 800) + "…";
+    return absl::InternalError(absl::StrCat(what, ": ", msg));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const v1::JobSpec& resolved,
+                                                         const at::Device& device) {
+  RETURN_IF_ERROR(CheckPrecision(resolved.precision(), device));
+  std::unique_ptr<Replica> r(new Replica());
+  r->spec_ = resolved;
+  r->device_ = device;
+  r->token_level_ = IsTokenLevel(resolved);
+  ASSIGN_OR_RETURN(r->model_, BuildModel(resolved));
+  RETURN_IF_ERROR(Catching("moving the model to the device", [&] {
+    r->model_->To(device);
+    r->model_->SetTraining(true);
+  }));
+  ASSIGN_OR_RETURN(r->optim_, Optim::Build(resolved, r->model_->NamedParameters()));
+  r->ZeroGrad();
+  return r;
+}
+
+absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double multiplier,
+                                          MicroStepTimes* times) {
+  double loss_sum = 0.0;
+  const absl::Time start = absl::Now();
+  absl::Time backward_start;
+  RETURN_IF_ERROR(Catching("forward/backward", [&] {
+    MicroBatchTensors t = ToTensors(mb, token_level_, device_);
+    at::Tensor output;
+    {
+      AutocastScope autocast(spec_.precision(), device_);
+      output = model_->Forward(t.input);
+    }
+    if (token_level_ && (output.dim() != 3 || output.size(0) != t.input.size(0) ||
+                         output.size(1) != t.input.size(1))) {
+      throw std::runtime_error(absl::StrCat(
+          "the model returned shape ", c10::str(output.sizes()), " for input ",
+          c10::str(t.input.sizes()), "; forward(input_ids [B, T]) must return logits [B, T, V]"));
+    }
+    at::Tensor loss = LossSum(output, t, token_level_);
+    loss_sum = loss.item<double>();
+    backward_start = absl::Now();
+    torch::autograd::backward({loss * multiplier});
+  }));
+  if (times != nullptr) {
+    times->forward_seconds = absl::ToDoubleSeconds(backward_start - start);
+    times->backward_seconds = absl::ToDoubleSeconds(absl::Now() - backward_start);
+  }
+  return loss_sum;
+}
+
+std::vector<at::Tensor> Replica::Gradients() {
+  std::vector<at::Tensor> grads;
+  for (const TrainableParam& p : optim_->trainable()) grads.push_back(p.tensor.mutable_grad());
+  return grads;
+}
+
+void Replica::InjectNonFinite() {
+  at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
+  g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+}
+
+void Replica::PerturbGradient(double delta) {
+  at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
+  g.view({-1})[0].add_(delta);
+}
+
+UnscaleResult Replica::UnscaleAndCheck(double loss_scale) {
+  std::vector<at::Tensor> grads = Gradients();
+  UnscaleResult r;
+  r.found_inf = trainstep::UnscaleAndCheck(grads, 1.0 / loss_scale);
+  r.grad_norm = GlobalNorm(grads);
+  return r;
+}
+
+void Replica::Commit(double clip_coef, double base_lr) {
+  torch::NoGradGuard no_grad;
+  if (clip_coef < 1.0) {
+    for (at::Tensor& g : Gradients()) g.mul_(clip_coef);
+  }
+  optim_->SetLearningRate(base_lr);
+  optim_->Step();
+  ZeroGrad();
+}
+
+void Replica::ZeroGrad() { optim_->ZeroGrad(); }
+
+TensorMap Replica::ModelState() {
+  TensorMap out;
+  for (const auto& [name, t] : model_->NamedParameters()) out[name] = t.detach().cpu().clone();
+  for (const auto& [name, t] : model_->NamedBuffers()) out[name] = t.detach().cpu().clone();
+  return out;
+}
+
+absl::Status Replica::Restore(const TensorMap& model, const TensorMap& optimizer) {
+  RETURN_IF_ERROR(Catching("restoring the model", [&] {
+    torch::NoGradGuard no_grad;
+    NamedTensors all = model_->NamedParameters();
+    for (auto& b : model_->NamedBuffers()) all.push_back(b);
+    for (auto& [name, t] : all) {
+      auto it = model.find(name);
+      if (it == model.end()) throw std::runtime_error(absl::StrCat("no tensor for ", name));
+      if (it->second.sizes() != t.sizes()) {
+        throw std::runtime_error(absl::StrCat(name, " has shape ", c10::str(it->second.sizes()),
+                                              ", the model expects ", c10::str(t.sizes())));
+      }
+      t.copy_(it->second.to(t.device(), t.scalar_type()));
+    }
+  }));
+  RETURN_IF_ERROR(optim_->RestoreState(optimizer));
+  ZeroGrad();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Replica::SerializeState() {
+  ckpt::TensorMap all;
+  for (auto& [k, v] : ModelState()) all[kModelPrefix + k] = v;
+  for (auto& [k, v] : OptimizerState()) all[kOptimPrefix + k] = v;
+  return ckpt::SerializeSafetensors(all);
+}
+
+absl::Status Replica::LoadState(const std::string& bytes) {
+  ASSIGN_OR_RETURN(ckpt::TensorMap all, ckpt::ParseSafetensors(bytes));
+  TensorMap model, optimizer;
+  for (auto& [k, v] : all) {
+    if (absl::StartsWith(k, kModelPrefix)) model[k.substr(sizeof(kModelPrefix) - 1)] = v;
+    if (absl::StartsWith(k, kOptimPrefix)) optimizer[k.substr(sizeof(kOptimPrefix) - 1)] = v;
+  }
+  return Restore(model, optimizer);
+}
+
+}  // namespace trainstep

@@ -1,0 +1,81 @@
+// Replica: this worker's copy of the model and optimizer, and the numerics of one
+// window on it — micro-steps with the loss scaled once (S · loss_sum / N), gradients
+// zero-filled so every rank enters the all-reduce, unscale + check after the all-reduce,
+// and exactly the coordinator's decision applied. It makes no collective or RPC call.
+#ifndef TRAINSTEP_WORKER_REPLICA_H_
+#define TRAINSTEP_WORKER_REPLICA_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainstep/v1/spec.pb.h"
+#include "worker/data/collate.h"
+#include "worker/models/model.h"
+#include "worker/optim.h"
+
+namespace trainstep {
+
+struct MicroStepTimes {
+  double forward_seconds = 0.0;   // forward + loss
+  double backward_seconds = 0.0;
+};
+
+struct UnscaleResult {
+  bool found_inf = false;
+  double grad_norm = 0.0;  // of the unscaled gradients; not finite when found_inf
+};
+
+class Replica {
+ public:
+  // Builds the spec's model (seeded) and optimizer on `device`.
+  static absl::StatusOr<std::unique_ptr<Replica>> Create(const v1::JobSpec& resolved,
+                                                         const at::Device& device);
+
+  // One micro-batch: forward (under autocast for bf16/fp16), LossSum, and
+  // backward(multiplier · LossSum). Gradients accumulate. Returns the unscaled LossSum.
+  absl::StatusOr<double> MicroStep(const data::MicroBatch& mb, double multiplier,
+                                   MicroStepTimes* times = nullptr);
+
+  // The trainable gradients in bucket order (defined after ZeroGrad).
+  std::vector<at::Tensor> Gradients();
+  // Fault injection (debug.nonfinite_grad_windows): +inf into one gradient element.
+  void InjectNonFinite();
+  // Test-only desync: nudges one gradient element so this rank's norm differs.
+  void PerturbGradient(double delta);
+  // After the all-reduce: gradients ×= 1/S, non-finite check, global L2 norm (fp32).
+  UnscaleResult UnscaleAndCheck(double loss_scale);
+
+  // COMMIT: gradients ×= clip_coef, every group's lr = base_lr × its scale, step, zero.
+  void Commit(double clip_coef, double base_lr);
+  // SKIP / ABORT: nothing applied; no residue (inf, partial sums) reaches the next window.
+  void ZeroGrad();
+
+  // Model tensors (parameters and buffers, float32 on CPU) and optimizer state by name.
+  TensorMap ModelState();
+  TensorMap OptimizerState() const { return optim_->CaptureState(); }
+  absl::Status Restore(const TensorMap& model, const TensorMap& optimizer);
+  // Both maps as one safetensors blob ("model/…", "optim/…") for a broadcast.
+  absl::StatusOr<std::string> SerializeState();
+  absl::Status LoadState(const std::string& bytes);
+
+  bool token_level() const { return token_level_; }
+  const Optim& optim() const { return *optim_; }
+  Model& model() { return *model_; }
+
+ private:
+  Replica() = default;
+
+  v1::JobSpec spec_;
+  at::Device device_ = at::kCPU;
+  bool token_level_ = true;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optim> optim_;
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_WORKER_REPLICA_H_

@@ -1,0 +1,430 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/spec.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/data/collate.h"
+#include "worker/loss.h"
+
+namespace trainstep {
+namespace {
+
+void Nap(absl::Duration d) {
+  std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
+}
+
+bool Terminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+v1::WindowDecision Aborted(const std::string& why) {
+  v1::WindowDecision d;
+  d.set_outcome(v1::ABORT);
+  d.set_reason(why);
+  return d;
+}
+
+// The collective and store calls fail with UNAVAILABLE when a peer or the generation is
+// gone: the worker rejoins. Anything else is this worker's own failure.
+bool IsRejoinable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kAborted ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
+  if (options_.name.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    options_.name = absl::StrCat(host, "-", getpid());
+  }
+}
+
+Worker::~Worker() {
+  if (!stop_heartbeats_.HasBeenNotified()) stop_heartbeats_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+void Worker::Fail(const absl::Status& status) {
+  LogError(status.ToString());
+  if (client_ == nullptr || job_id_.empty()) return;
+  v1::ReportFailureRequest req;
+  req.set_job_id(job_id_);
+  req.set_worker_id(worker_id_);
+  req.set_message(std::string(status.message()));
+  (void)client_->ReportFailure(req);
+}
+
+absl::Status Worker::Setup() {
+  WorkerClientOptions copts;
+  copts.keep_waiting = [this] { return !job_over_ && !lost_; };
+  client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
+  v1::RegisterWorkerRequest reg;
+  reg.set_job_id(options_.job_id);
+  reg.set_name(options_.name);
+  reg.set_host(options_.collective.host);
+  reg.set_request_id(absl::StrCat(options_.name, "/", absl::ToUnixNanos(absl::Now())));
+  absl::StatusOr<v1::RegisterWorkerResponse> r = client_->RegisterWorker(reg);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("cannot register with the coordinator at ",
+                                     options_.coordinator, ": ", r.status().message()));
+  }
+  worker_id_ = r->worker_id();
+  job_id_ = r->job_id();
+  spec_ = r->spec();
+  heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(50, r->heartbeat_interval_ms()));
+  if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
+  LogInfo(absl::StrCat("registered as ", worker_id_, " of ", job_id_, " (", spec_.name(), ")"));
+  device_ = options_.collective.device;
+
+  // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
+  heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+
+  absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_);
+  if (!d.ok()) {
+    Fail(d.status());
+    return d.status();
+  }
+  dataset_ = std::move(*d);
+  planner_ = std::make_unique<data::WindowPlanner>(spec_, dataset_->size());
+  absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
+  if (!replica.ok()) {
+    Fail(replica.status());
+    return replica.status();
+  }
+  replica_ = std::move(*replica);
+  LogInfo(absl::StrCat(dataset_->size(), " samples (fingerprint ", dataset_->fingerprint(), "), ",
+                       planner_->windows_per_epoch(), " windows per epoch"));
+  return absl::OkStatus();
+}
+
+void Worker::HeartbeatLoop() {
+  while (!stop_heartbeats_.HasBeenNotified()) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id_);
+    req.set_applied_update_id(applied_update_);
+    bool accepted;
+    {
+      absl::MutexLock lock(&mu_);
+      accepted = last_heartbeat_.dataset_accepted();
+    }
+    if (dataset_.has_value() && !accepted) {
+      req.mutable_dataset()->set_samples(dataset_->size());
+      req.mutable_dataset()->set_fingerprint(dataset_->fingerprint());
+    }
+    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
+    if (r.ok()) {
+      if (Terminal(r->job_state())) job_over_ = true;
+      absl::MutexLock lock(&mu_);
+      last_heartbeat_ = *r;
+    } else if (r.status().code() == absl::StatusCode::kFailedPrecondition ||
+               r.status().code() == absl::StatusCode::kNotFound) {
+      // Declared lost (or the dataset refused): this process cannot take part any more.
+      LogError(absl::StrCat("heartbeat refused: ", r.status().message()));
+      lost_ = true;
+      absl::MutexLock lock(&mu_);
+      last_heartbeat_.set_job_message(std::string(r.status().message()));
+    }
+    stop_heartbeats_.WaitForNotificationWithTimeout(heartbeat_every_);
+  }
+}
+
+absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation) {
+  while (true) {
+    if (lost_) {
+      absl::MutexLock lock(&mu_);
+      return absl::FailedPreconditionError(last_heartbeat_.job_message());
+    }
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id_);
+    req.set_applied_update_id(applied_update_);
+    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
+    if (r.ok()) {
+      if (Terminal(r->job_state())) {
+        job_over_ = true;
+        return absl::CancelledError(absl::StrCat("job ", v1::JobState_Name(r->job_state()),
+                                                 r->job_message().empty() ? "" : ": ",
+                                                 r->job_message()));
+      }
+      if (r->assigned() && r->assignment().generation() > after_generation) {
+        return r->assignment();
+      }
+    } else if (r.status().code() != absl::StatusCode::kUnavailable &&
+               r.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return r.status();
+    }
+    Nap(absl::Milliseconds(50));
+  }
+}
+
+absl::Status Worker::SyncState(const v1::Assignment& a) {
+  switch (a.state_source()) {
+    case v1::Assignment::CHECKPOINT: {
+      ASSIGN_OR_RETURN(ckpt::LoadedCheckpoint c,
+                       ckpt::ReadCheckpoint(spec_.checkpoint().dir(), a.checkpoint_id()));
+      RETURN_IF_ERROR(replica_->Restore(c.model, c.optimizer));
+      LogInfo(absl::StrCat("restored checkpoint ", a.checkpoint_id(), " (update ",
+                           c.meta.optimizer_update_id, ") from ", c.path));
+      break;
+    }
+    case v1::Assignment::INIT: {
+      // A rolled-back job restarts from fresh weights; a fresh job already has them.
+      if (applied_update_ != 0 || a.optimizer_update_id() != 0) {
+        ASSIGN_OR_RETURN(replica_, Replica::Create(spec_, device_));
+      }
+      [[fallthrough]];
+    }
+    case v1::Assignment::BROADCAST: {
+      // Every rank takes the source's model and optimizer state (DDP does the same at start).
+      if (a.world_size() > 1) {
+        const int src = a.state_source() == v1::Assignment::BROADCAST ? a.source_rank() : 0;
+        std::string bytes;
+        if (a.rank() == src) {
+          ASSIGN_OR_RETURN(bytes, replica_->SerializeState());
+        }
+        RETURN_IF_ERROR(collective_->BroadcastBytes(&bytes, src));
+        if (a.rank() != src) RETURN_IF_ERROR(replica_->LoadState(bytes));
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("assignment without a state source");
+  }
+  replica_->ZeroGrad();
+  applied_update_ = a.optimizer_update_id();
+  return absl::OkStatus();
+}
+
+absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
+                                     int64_t scheduler_step, double loss_scale) {
+  ckpt::CheckpointMeta meta;
+  meta.job_id = job_id_;
+  meta.checkpoint_id = checkpoint_id;
+  meta.optimizer_update_id = update_id;
+  meta.scheduler_step = scheduler_step;
+  meta.window_id = window_id;
+  meta.epoch = window_id > 0 ? planner_->EpochOf(window_id) : 0;
+  meta.loss_scale = loss_scale;
+  meta.spec_hash = JobSpecHash(spec_);
+  meta.next_window_id = window_id + 1;
+  meta.written_unix_ms = absl::ToUnixMillis(absl::Now());
+  ASSIGN_OR_RETURN(std::string path,
+                   ckpt::WriteCheckpoint(spec_.checkpoint().dir(), meta, replica_->ModelState(),
+                                         replica_->OptimizerState(),
+                                         spec_.checkpoint().keep_last()));
+  v1::AckCheckpointRequest ack;
+  ack.set_job_id(job_id_);
+  ack.set_worker_id(worker_id_);
+  ack.set_checkpoint_id(checkpoint_id);
+  ack.set_optimizer_update_id(update_id);
+  ack.set_path(path);
+  RETURN_IF_ERROR(client_->AckCheckpoint(ack));
+  LogInfo(absl::StrCat("checkpoint ", checkpoint_id, " (update ", update_id, ") at ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, int64_t window_id) {
+  const std::vector<std::vector<int64_t>> micro_batches =
+      planner_->RankMicroBatches(window_id, a.rank(), a.world_size());
+  int64_t units = 0;
+  for (const std::vector<int64_t>& mb : micro_batches) {
+    units += replica_->token_level() ? data::ValidTokens(*dataset_, mb)
+                                     : static_cast<int64_t>(mb.size());
+  }
+  v1::BeginWindowRequest begin;
+  begin.set_job_id(job_id_);
+  begin.set_worker_id(worker_id_);
+  begin.set_generation(a.generation());
+  begin.set_window_id(window_id);
+  begin.set_rank(a.rank());
+  begin.set_valid_units(units);
+  absl::StatusOr<v1::BeginWindowResponse> b = client_->BeginWindow(begin);
+  if (!b.ok()) {
+    if (b.status().code() == absl::StatusCode::kAborted) return Aborted(std::string(b.status().message()));
+    return b.status();
+  }
+  if (b->has_decision()) {  // ended at the barrier (nothing to train): nothing to undo
+    replica_->ZeroGrad();
+    return b->decision();
+  }
+
+  // Micro-steps 1..K: no collective call anywhere in here (no_sync).
+  const int64_t n = b->global_valid_units();
+  const double scale = b->loss_scale();
+  double loss_sum = 0.0;
+  MicroStepTimes total_times;
+  for (const std::vector<int64_t>& mb : micro_batches) {
+    data::MicroBatch batch = data::Collate(*dataset_, mb);
+    const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
+    const double multiplier =
+        BackwardMultiplier(spec_.loss().normalization(), scale, n, micro_units,
+                           spec_.batch().accumulation_steps(), a.world_size());
+    MicroStepTimes t;
+    ASSIGN_OR_RETURN(double l, replica_->MicroStep(batch, multiplier, &t));
+    loss_sum += l;
+    total_times.forward_seconds += t.forward_seconds;
+    total_times.backward_seconds += t.backward_seconds;
+  }
+  for (int64_t w : spec_.debug().nonfinite_grad_windows()) {
+    if (w == window_id && a.rank() == 0) replica_->InjectNonFinite();
+  }
+  if (options_.perturb_grad_window == window_id) replica_->PerturbGradient(1e-2);
+
+  // The window's one synchronisation: bucketed all-reduce (SUM) of the accumulated grads.
+  const absl::Time reduce_start = absl::Now();
+  absl::StatusOr<AllReduceStats> reduced = collective_->AllReduceSum(replica_->Gradients());
+  if (!reduced.ok()) return reduced.status();
+  const double reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
+  const UnscaleResult check = replica_->UnscaleAndCheck(scale);
+
+  v1::CompleteWindowRequest complete;
+  complete.set_job_id(job_id_);
+  complete.set_worker_id(worker_id_);
+  complete.set_generation(a.generation());
+  complete.set_window_id(window_id);
+  complete.set_rank(a.rank());
+  complete.set_loss_sum(loss_sum);
+  complete.set_valid_units(units);
+  complete.set_found_inf(check.found_inf);
+  complete.set_grad_norm(check.grad_norm);
+  complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
+  complete.set_allreduce_calls(reduced->calls);
+  absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
+  if (!c.ok()) {
+    replica_->ZeroGrad();
+    if (c.status().code() == absl::StatusCode::kAborted) return Aborted(std::string(c.status().message()));
+    return c.status();
+  }
+  const v1::WindowDecision& d = c->decision();
+  const absl::Time optimizer_start = absl::Now();
+  if (d.outcome() == v1::COMMIT) {
+    replica_->Commit(d.clip_coef(), d.learning_rate());
+  } else {
+    replica_->ZeroGrad();
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->AddMicroSteps(static_cast<int64_t>(micro_batches.size()));
+    options_.metrics->AddAllReduce(reduced->calls, reduced->bytes);
+    if (d.outcome() == v1::COMMIT) options_.metrics->AddTokens(units);
+    options_.metrics->ObservePhase("forward", total_times.forward_seconds);
+    options_.metrics->ObservePhase("backward", total_times.backward_seconds);
+    options_.metrics->ObservePhase("allreduce", reduce_seconds);
+    options_.metrics->ObservePhase("optimizer", absl::ToDoubleSeconds(absl::Now() - optimizer_start));
+  }
+  return d;
+}
+
+absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment& a) {
+  if (a.rank() == 0 && a.has_pending_checkpoint_id()) {
+    RETURN_IF_ERROR(WriteCheckpoint(a.pending_checkpoint_id(), a.optimizer_update_id(),
+                                    a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
+  }
+  for (int64_t window = a.next_window_id();; ++window) {
+    if (lost_) return absl::FailedPreconditionError("this worker was declared lost");
+    absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
+    if (!d.ok()) {
+      replica_->ZeroGrad();
+      if (IsRejoinable(d.status())) {
+        LogWarning(absl::StrCat("window ", window, ": ", d.status().message(), "; rejoining"));
+        return GenerationEnd::kRejoin;
+      }
+      return d.status();
+    }
+    if (d->outcome() == v1::ABORT) {
+      LogWarning(absl::StrCat("window ", window, " aborted (", d->reason(), "); rejoining"));
+      return GenerationEnd::kRejoin;
+    }
+    applied_update_ = d->optimizer_update_id();
+    if (d->write_checkpoint() && a.rank() == 0) {
+      RETURN_IF_ERROR(WriteCheckpoint(d->checkpoint_id(), d->optimizer_update_id(), window,
+                                      d->scheduler_step(), d->record().loss_scale()));
+    }
+    if (d->job_done()) return GenerationEnd::kJobDone;
+  }
+}
+
+absl::Status Worker::AwaitJobEnd() {
+  // Rank 0 may still be writing the final checkpoint; everyone stays until the job ends,
+  // in case a survivor is needed to finish it.
+  const absl::Time give_up = absl::Now() + absl::Minutes(30);
+  while (!job_over_ && !lost_ && absl::Now() < give_up) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id_);
+    req.set_applied_update_id(applied_update_);
+    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
+    if (r.ok()) {
+      if (Terminal(r->job_state())) job_over_ = true;
+      absl::MutexLock lock(&mu_);
+      last_heartbeat_ = *r;
+    }
+    if (!job_over_) Nap(absl::Milliseconds(50));
+  }
+  return job_over_ ? absl::OkStatus()
+                   : absl::DeadlineExceededError("the job did not end after its last window");
+}
+
+WorkerExit Worker::Run() {
+  absl::Status setup = Setup();
+  if (!setup.ok()) return {1, std::string(setup.message())};
+  int64_t after = 0;
+  while (true) {
+    absl::StatusOr<v1::Assignment> a = AwaitAssignment(after);
+    if (!a.ok()) {
+      if (job_over_) break;
+      return {1, std::string(a.status().message())};
+    }
+    LogInfo(absl::StrCat("generation ", a->generation(), ": rank ", a->rank(), " of ",
+                         a->world_size(), ", from window ", a->next_window_id(), ", state from ",
+                         v1::Assignment::StateSource_Name(a->state_source())));
+    collective_.reset();
+    absl::StatusOr<std::unique_ptr<Collective>> c =
+        Collective::Connect(client_.get(), job_id_, *a, options_.collective);
+    if (!c.ok()) {
+      LogWarning(std::string(c.status().message()));
+      after = a->generation();
+      continue;
+    }
+    collective_ = std::move(*c);
+    if (absl::Status s = SyncState(*a); !s.ok()) {
+      if (IsRejoinable(s)) {
+        LogWarning(absl::StrCat("state sync: ", s.message(), "; rejoining"));
+        after = a->generation();
+        continue;
+      }
+      Fail(s);
+      return {1, std::string(s.message())};
+    }
+    absl::StatusOr<GenerationEnd> end = RunGeneration(*a);
+    if (!end.ok()) {
+      if (job_over_) break;
+      Fail(end.status());
+      return {1, std::string(end.status().message())};
+    }
+    if (*end == GenerationEnd::kJobDone) {
+      if (absl::Status s = AwaitJobEnd(); !s.ok()) return {1, std::string(s.message())};
+      break;
+    }
+    after = a->generation();
+  }
+  collective_.reset();
+  absl::MutexLock lock(&mu_);
+  std::string outcome = absl::StrCat("job ", job_id_, " ended: ",
+                                     v1::JobState_Name(last_heartbeat_.job_state()));
+  if (!last_heartbeat_.job_message().empty()) absl::StrAppend(&outcome, ": ", last_heartbeat_.job_message());
+  return {0, outcome};
+}
+
+}  // namespace trainstep

@@ -1,0 +1,89 @@
+// Worker: one trainstep-worker process. Registers with the coordinator, loads the job's
+// data, and for every generation it is placed in: joins the collective, syncs its replica
+// (init, broadcast from a survivor, or a checkpoint), then runs windows and applies
+// exactly the coordinator's decisions until the job ends or the generation breaks.
+// LibTorch and c10d exceptions stop at this class's edge: they become a job failure with
+// their message (ReportFailure) or a rejoin, never a hang.
+#ifndef TRAINSTEP_WORKER_WORKER_H_
+#define TRAINSTEP_WORKER_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/worker_client.h"
+#include "worker/collective/collective.h"
+#include "worker/data/dataset.h"
+#include "worker/data/window_plan.h"
+#include "worker/metrics.h"
+#include "worker/replica.h"
+
+namespace trainstep {
+
+struct WorkerOptions {
+  std::string coordinator;  // host:port
+  std::string job_id;       // empty: the oldest job that needs workers
+  std::string name;         // for humans (pod name); default host-pid
+  CollectiveOptions collective;
+  WorkerMetrics* metrics = nullptr;  // may be null
+  // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
+  int64_t perturb_grad_window = 0;
+};
+
+// How the process should exit.
+struct WorkerExit {
+  int code = 0;  // 0: the job ended (any state); 1: this worker failed
+  std::string message;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+  WorkerExit Run();
+
+ private:
+  // Outcome of running windows in one generation.
+  enum class GenerationEnd { kJobDone, kRejoin };
+
+  absl::Status Setup();
+  absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
+  absl::Status SyncState(const v1::Assignment& a);
+  absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);
+  // One window; returns the decision (ABORT when the generation broke under it).
+  absl::StatusOr<v1::WindowDecision> RunWindow(const v1::Assignment& a, int64_t window_id);
+  absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
+                               int64_t scheduler_step, double loss_scale);
+  absl::Status AwaitJobEnd();
+  void HeartbeatLoop();
+  void Fail(const absl::Status& status);
+
+  WorkerOptions options_;
+  std::unique_ptr<WorkerClient> client_;
+  std::string worker_id_;
+  std::string job_id_;
+  v1::JobSpec spec_;
+  absl::Duration heartbeat_every_ = absl::Seconds(1);
+  std::optional<data::Dataset> dataset_;
+  std::unique_ptr<data::WindowPlanner> planner_;
+  std::unique_ptr<Replica> replica_;
+  std::unique_ptr<Collective> collective_;
+  at::Device device_ = at::kCPU;
+
+  std::atomic<int64_t> applied_update_{0};
+  std::atomic<bool> job_over_{false};
+  std::atomic<bool> lost_{false};
+  absl::Notification stop_heartbeats_;
+  std::thread heartbeats_;
+  mutable absl::Mutex mu_;
+  v1::HeartbeatResponse last_heartbeat_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_WORKER_WORKER_H_
