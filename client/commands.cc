@@ -449,7 +449,7 @@ int JobLogs(const CommandContext& ctx, const std::string& job_id) {
 
   switch (ctx.output) {
     case Output::kJsonl:
-      for (const v1::UpdateRecord& r : records) *ctx.out << Json(r, false) << "\n";
+      for (const v1::UpdateRecord& r : records) *ctx.out << RecordToJson(r) << "\n";
       return kExitOk;
     case Output::kJson:
       *ctx.out << JsonArray(records, /*pretty=*/false);

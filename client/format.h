@@ -17,8 +17,9 @@ namespace trainstep::client {
 // units below the largest two are dropped (an age or an ETA needs no more).
 std::string ShortDuration(absl::Duration d);
 
-// Three significant digits at most, with k / M / G / T: 950 → "950", 3140 → "3.1k",
-// 12500 → "12.5k", 1.25e6 → "1.2M"... "-" for a non-finite value.
+// Rates and counts with k / M / G / T and three significant digits at most: 0 → "0",
+// 3.14 → "3.1", 950 → "950", 3140 → "3.1k", 12500 → "12.5k", 1.26e6 → "1.3M"; "-" for a
+// non-finite value.
 std::string FormatSi(double value);
 
 std::string FormatLoss(double loss);        // "2.314"

@@ -11,6 +11,11 @@ namespace trainstep {
 
 std::string ToJson(const google::protobuf::Message& message, bool pretty = false);
 
+// A flat record (scalar fields only, like UpdateRecord) as one JSON line the way data tools
+// want it: 64-bit integers as numbers (protobuf's mapping quotes them), doubles at full
+// precision, non-finite doubles as null (JSON has no NaN). Nested fields use ToJson.
+std::string RecordToJson(const google::protobuf::Message& record);
+
 }  // namespace trainstep
 
 #endif  // TRAINSTEP_COMMON_PROTO_JSON_H_

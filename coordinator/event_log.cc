@@ -17,7 +17,7 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
           job.job_id(), r.window_id(), r.generation(), r.outcome(), r.reason().empty() ? "" : " ",
           r.reason(), r.optimizer_update_id(), r.loss(), r.learning_rate(), r.loss_scale(),
           r.grad_norm_pre_clip(), r.grad_norm_post_clip(), r.global_valid_tokens());
-      std::string json = ToJson(r);
+      std::string json = RecordToJson(r);
       json.insert(1, absl::StrCat("\"event\":\"window_ended\",\"training_job\":",
                                   JsonQuote(job.job_id()), ","));
       LogEvent(text, json);

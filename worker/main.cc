@@ -1,5 +1,7 @@
 // trainstep-worker: flags → Worker. Nothing testable lives here.
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "worker/generate.h"
 #include "worker/metrics.h"
 #include "worker/worker.h"
 
@@ -27,6 +30,14 @@ ABSL_FLAG(int64_t, collective_timeout_ms, 120000,
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
 ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
           "TEST ONLY: perturb this worker's gradient in that window so replicas desync");
+ABSL_FLAG(std::string, port_file, "",
+          "write {\"metrics_port\": N} here once the metrics endpoint listens");
+ABSL_FLAG(bool, generate, false,
+          "do not train: print text sampled from --checkpoint (a ckpt-<id> directory) and exit");
+ABSL_FLAG(std::string, checkpoint, "", "with --generate: the ckpt-<id> directory to load");
+ABSL_FLAG(std::string, prompt, "The ", "with --generate: the text to continue");
+ABSL_FLAG(int32_t, tokens, 200, "with --generate: how many bytes to sample");
+ABSL_FLAG(double, temperature, 0.8, "with --generate: sampling temperature");
 
 namespace trainstep {
 namespace {
@@ -45,6 +56,25 @@ int Main(int argc, char** argv) {
     return 2;
   }
   SetLogFormat(format);
+
+  if (absl::GetFlag(FLAGS_generate)) {
+    GenerateOptions g;
+    g.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+    g.prompt = absl::GetFlag(FLAGS_prompt);
+    g.tokens = absl::GetFlag(FLAGS_tokens);
+    g.temperature = absl::GetFlag(FLAGS_temperature);
+    if (g.checkpoint.empty()) {
+      LogError("--generate needs --checkpoint DIR/ckpt-<id>");
+      return 2;
+    }
+    absl::StatusOr<std::string> text = Generate(g);
+    if (!text.ok()) {
+      LogError(std::string(text.status().message()));
+      return 1;
+    }
+    std::cout << *text << std::endl;
+    return 0;
+  }
 
   WorkerOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -89,6 +119,14 @@ int Main(int argc, char** argv) {
     options.metrics = metrics.get();
     LogInfo(absl::StrCat("metrics on http://", metrics_listen.substr(0, metrics_listen.rfind(':')),
                          ":", metrics->port(), "/metrics"));
+  }
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    {
+      std::ofstream out(path + ".tmp");
+      out << "{\"metrics_port\": " << (metrics ? metrics->port() : 0) << "}\n";
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
   }
 
   Worker worker(options);

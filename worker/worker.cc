@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,9 @@
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/checkpoint_dir.h"
+#include "common/env.h"
 #include "worker/data/collate.h"
+#include "worker/generate.h"
 #include "worker/loss.h"
 
 namespace trainstep {
@@ -209,6 +212,17 @@ absl::Status Worker::SyncState(const v1::Assignment& a) {
 
 absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                      int64_t scheduler_step, double loss_scale) {
+  // The resolved spec beside the checkpoints makes them self-describing (--generate, resume).
+  const std::string spec_path = SpecPathFor(spec_.checkpoint().dir());
+  if (!std::filesystem::exists(spec_path)) {
+    RETURN_IF_ERROR(Env::Default()->CreateDirs(spec_.checkpoint().dir()));
+    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
+                     Env::Default()->NewWritableFile(spec_path + ".tmp"));
+    RETURN_IF_ERROR(f->Append(JobSpecToJson(spec_, /*pretty=*/true)));
+    RETURN_IF_ERROR(f->Sync());
+    RETURN_IF_ERROR(f->Close());
+    RETURN_IF_ERROR(Env::Default()->RenameFile(spec_path + ".tmp", spec_path));
+  }
   ckpt::CheckpointMeta meta;
   meta.job_id = job_id_;
   meta.checkpoint_id = checkpoint_id;

@@ -95,10 +95,11 @@ absl::Status WithPath(const std::string& path, const absl::Status& status) {
 // ---------------------------------------------------------------------------------------------
 // Writing.
 
-// What goes into a file: the length prefix and padded header, then each tensor's bytes in order.
-struct PreparedFile {
+// The start of a file: the length prefix and the padded header. The tensors' bytes follow in
+// TensorMap order.
+struct PreparedHeader {
   std::string prefix;
-  std::vector<at::Tensor> data;  // Contiguous CPU tensors, in header order.
+  uint64_t data_bytes = 0;
 };
 
 absl::StatusOr<at::Tensor> ToContiguousCpu(const std::string& name, const at::Tensor& tensor) {
@@ -113,8 +114,9 @@ absl::StatusOr<at::Tensor> ToContiguousCpu(const std::string& name, const at::Te
   }
 }
 
-absl::StatusOr<PreparedFile> Prepare(const TensorMap& tensors, const Metadata& metadata) {
-  PreparedFile out;
+// Checks every tensor and builds the header without copying any tensor.
+absl::StatusOr<PreparedHeader> Prepare(const TensorMap& tensors, const Metadata& metadata) {
+  PreparedHeader out;
   std::string header = "{";
   if (!metadata.empty()) {
     absl::StrAppend(&header, "\"", kMetadataKey, "\":{");
@@ -142,14 +144,13 @@ absl::StatusOr<PreparedFile> Prepare(const TensorMap& tensors, const Metadata& m
                          absl::StrCat("dtype ", c10::toString(tensor.scalar_type()),
                                       " is not supported (supported: ", SupportedDtypes(), ")"));
     }
-    ASSIGN_OR_RETURN(at::Tensor cpu, ToContiguousCpu(name, tensor));
-    const uint64_t nbytes = cpu.nbytes();
+    const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
     absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"", dtype,
-                    "\",\"shape\":[", absl::StrJoin(cpu.sizes(), ","), "],\"data_offsets\":[",
+                    "\",\"shape\":[", absl::StrJoin(tensor.sizes(), ","), "],\"data_offsets\":[",
                     offset, ",", offset + nbytes, "]}");
     offset += nbytes;
-    out.data.push_back(std::move(cpu));
   }
+  out.data_bytes = offset;
   header += "}";
   // Pad so the data starts 8-byte aligned, as the reference writer does.
   header.append((8 - header.size() % 8) % 8, ' ');
@@ -164,8 +165,16 @@ absl::StatusOr<PreparedFile> Prepare(const TensorMap& tensors, const Metadata& m
   return out;
 }
 
-std::string_view Bytes(const at::Tensor& t) {
-  return std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes());
+// Calls `sink(std::string_view)` with each tensor's bytes in header order. Copies (to the CPU,
+// contiguous) one tensor at a time, so a GPU model never has a second full copy in host memory.
+template <typename Sink>
+absl::Status ForEachTensorBytes(const TensorMap& tensors, Sink sink) {
+  for (const auto& [name, tensor] : tensors) {
+    ASSIGN_OR_RETURN(at::Tensor cpu, ToContiguousCpu(name, tensor));
+    if (cpu.nbytes() == 0) continue;
+    RETURN_IF_ERROR(sink(std::string_view(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes())));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,13 +409,14 @@ absl::StatusOr<TensorMap> Materialize(const ParsedHeader& header) {
 
 absl::StatusOr<std::string> SerializeSafetensors(const TensorMap& tensors,
                                                  const Metadata& metadata) {
-  ASSIGN_OR_RETURN(PreparedFile prepared, Prepare(tensors, metadata));
-  size_t size = prepared.prefix.size();
-  for (const at::Tensor& t : prepared.data) size += t.nbytes();
+  ASSIGN_OR_RETURN(PreparedHeader prepared, Prepare(tensors, metadata));
   std::string out;
-  out.reserve(size);
+  out.reserve(prepared.prefix.size() + prepared.data_bytes);
   out += prepared.prefix;
-  for (const at::Tensor& t : prepared.data) out.append(Bytes(t));
+  RETURN_IF_ERROR(ForEachTensorBytes(tensors, [&out](std::string_view bytes) {
+    out.append(bytes);
+    return absl::OkStatus();
+  }));
   return out;
 }
 
@@ -421,13 +431,12 @@ absl::Status ValidateSafetensors(absl::string_view bytes) { return ParseHeader(b
 
 absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tensors,
                                   const Metadata& metadata, Env* env) {
-  absl::StatusOr<PreparedFile> prepared = Prepare(tensors, metadata);
+  absl::StatusOr<PreparedHeader> prepared = Prepare(tensors, metadata);
   if (!prepared.ok()) return WithPath(path, prepared.status());
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(path));
   RETURN_IF_ERROR(file->Append(prepared->prefix));
-  for (const at::Tensor& t : prepared->data) {
-    if (t.nbytes() > 0) RETURN_IF_ERROR(file->Append(Bytes(t)));
-  }
+  RETURN_IF_ERROR(
+      ForEachTensorBytes(tensors, [&file](std::string_view bytes) { return file->Append(bytes); }));
   RETURN_IF_ERROR(file->Sync());
   return file->Close();
 }
