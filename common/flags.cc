@@ -1,5 +1,9 @@
 #include "common/flags.h"
 
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+
 namespace trainstep {
 
 std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::vector<char*>* argv_out) {
@@ -18,6 +22,16 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::vector<c
   for (std::string& a : args) argv_out->push_back(a.data());
   argv_out->push_back(nullptr);
   return args;
+}
+
+void ConfigureUsage(const std::string& usage) {
+  absl::SetProgramUsageMessage(
+      usage + "\nFlags may be written --like-this or --like_this.");
+  absl::FlagsUsageConfig config;
+  auto ours = [](absl::string_view file) { return absl::EndsWith(file, "main.cc"); };
+  config.contains_helpshort_flags = ours;
+  config.contains_help_flags = ours;
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace trainstep

@@ -12,6 +12,10 @@ namespace trainstep {
 // c_str()s `argv_out` points into.
 std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::vector<char*>* argv_out);
 
+// Sets the usage message and makes --help list the flags defined in the binary's main.cc
+// (Abseil's default looks for a file named like the binary and finds none).
+void ConfigureUsage(const std::string& usage);
+
 }  // namespace trainstep
 
 #endif  // TRAINSTEP_COMMON_FLAGS_H_

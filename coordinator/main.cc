@@ -50,7 +50,7 @@ int Fail(const std::string& message) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  ConfigureUsage(
       "The trainstep coordinator: owns every job's optimizer-step protocol.\n"
       "Usage: trainstep-coordinator [--listen 127.0.0.1:7070] [--state-dir DIR] "
       "[--metrics-listen 127.0.0.1:9464]");

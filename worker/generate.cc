@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/checkpoint_dir.h"
@@ -43,7 +45,12 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   }
   ASSIGN_OR_RETURN(ckpt::LoadedCheckpoint loaded, ckpt::ReadCheckpoint(root.string(), id));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec));
-  const int64_t context = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len() : 256;
+  // Samples of seq_len tokens train predictions at positions 0..seq_len-2 only (the last
+  // position has no next token), so generation never reads the untrained last position.
+  const int64_t seq_len = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len()
+                          : spec.data().has_text() ? spec.data().text().seq_len()
+                                                   : 256;
+  const int64_t context = std::max<int64_t>(1, seq_len - 1);
   std::string out = options.prompt;
   try {
     torch::NoGradGuard no_grad;
@@ -59,6 +66,18 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
     std::vector<int64_t> ids(out.begin(), out.end());
     for (int64_t& b : ids) b &= 0xff;
     if (ids.empty()) ids.push_back(' ');
+    if (ids.size() >= 2) {
+      // How well the model predicts the prompt itself: the loss the training log reports.
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
+      at::Tensor input =
+          at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
+      at::Tensor logits = model->Forward(input).squeeze(0).to(at::kFloat);
+      const int64_t t = input.size(1);
+      const double loss = at::cross_entropy_loss(logits.narrow(0, 0, t - 1),
+                                                 input.squeeze(0).narrow(0, 1, t - 1))
+                              .item<double>();
+      LogInfo(absl::StrFormat("prompt loss %.3f nats/byte over %d bytes", loss, t - 1));
+    }
     for (int i = 0; i < options.tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
       at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()),

@@ -43,7 +43,7 @@ namespace trainstep {
 namespace {
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  ConfigureUsage(
       "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
       "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]");
   std::vector<char*> args;

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -87,6 +89,21 @@ bool AllDoublesFinite(const pb::Message& m, std::string* bad) {
     }
   }
   return true;
+}
+
+void WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
+std::string Corpus(size_t bytes) {
+  static const char kText[] =
+      "the quick brown fox jumps over the lazy dog. pack my box with five dozen liquor jugs. "
+      "how vexingly quick daft zebras jump! sphinx of black quartz, judge my vow. ";
+  std::string out;
+  while (out.size() < bytes) out += kText;
+  out.resize(bytes);
+  return out;
 }
 
 std::string JobConfig::Json() const {

@@ -39,6 +39,11 @@ bool BitwiseEqual(const Params& a, const Params& b);
 // Every double field of `m`, recursively, is finite; `bad` gets the first that is not.
 bool AllDoublesFinite(const google::protobuf::Message& m, std::string* bad);
 
+// Writes `content` to `path` (test data).
+void WriteFile(const std::string& path, const std::string& content);
+// `bytes` bytes of English-like text (a few sentences repeated): byte-level LM data.
+std::string Corpus(size_t bytes);
+
 // A job spec from a few knobs; Json() is what both the cluster and the reference read.
 struct JobConfig {
   std::string name = "conformance";
