@@ -294,13 +294,16 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   for (int64_t w : spec_.debug().nonfinite_grad_windows()) {
     if (w == window_id && a.rank() == 0) replica_->InjectNonFinite();
   }
-  if (options_.perturb_grad_window == window_id) replica_->PerturbGradient(1e-2);
 
   // The window's one synchronisation: bucketed all-reduce (SUM) of the accumulated grads.
   const absl::Time reduce_start = absl::Now();
   absl::StatusOr<AllReduceStats> reduced = collective_->AllReduceSum(replica_->Gradients());
   if (!reduced.ok()) return reduced.status();
   const double reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
+  // Test-only desync: after the all-reduce (before it, the SUM would hand every rank the same
+  // nudge), so only this rank's gradient, and its reported norm, differ. Scaled by S: it is
+  // unscaled next.
+  if (options_.perturb_grad_window == window_id) replica_->PerturbGradient(1e-2 * scale);
   const UnscaleResult check = replica_->UnscaleAndCheck(scale);
 
   v1::CompleteWindowRequest complete;

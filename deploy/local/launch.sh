@@ -30,6 +30,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SPEC="" OUT="" WORKERS="" RESTART=0 BIN="$ROOT/build/bin"
 COORD_FLAGS=() WORKER_FLAGS=()
 while [ $# -gt 0 ]; do
+  # --flag=value is the same as --flag value.
+  if [[ "$1" == --*=* ]]; then
+    set -- "${1%%=*}" "${1#*=}" "${@:2}"
+  fi
   case "$1" in
     --spec) SPEC=${2:-}; shift 2 ;;
     --out) OUT=${2:-}; shift 2 ;;

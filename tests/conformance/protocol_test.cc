@@ -176,9 +176,9 @@ TEST_F(ProtocolTest, SchedulerFollowsCommittedUpdates) {
 int Buckets(const std::vector<int64_t>& numels) {
   const int64_t cap = 25 * 1024 * 1024;
   int buckets = 0;
-  int64_t bytes = cap + 1;
+  int64_t bytes = 0;
   for (int64_t n : numels) {
-    if (bytes + 4 * n > cap || bytes == cap + 1) {
+    if (buckets == 0 || bytes + 4 * n > cap) {
       ++buckets;
       bytes = 0;
     }
@@ -207,13 +207,15 @@ TEST_F(ProtocolTest, OneAllReducePerBucketPerWindow) {
       EXPECT_EQ(r.micro_steps(), 2 * k);
     }
   }
-  const int64_t hidden = 1200000, in = 4;  // 7.2 M parameters, 28.8 MB
+  // mlp 104 → 65536 → 1: 6.9 M parameters, 26.5 MiB; fc1.weight alone is 26 MiB.
+  const int64_t hidden = 65536, in = 104;
   const int buckets = Buckets({hidden * in, hidden, hidden, 1});
   ASSERT_EQ(buckets, 2);
   for (int k : {1, 4}) {
     SCOPED_TRACE(absl::StrCat("big mlp, K=", k));
     JobConfig c = MlpJob(32);
     c.model = absl::StrCat(R"({"mlp":{"hidden":)", hidden, "}}");
+    c.data = absl::StrCat(R"({"synthetic_regression":{"samples":32,"in_features":)", in, "}}");
     c.workers = 2;
     c.accumulation = k;
     c.micro_batch = 1;

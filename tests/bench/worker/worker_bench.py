@@ -1,0 +1,335 @@
+#!/usr/bin/python3
+"""Worker benchmark: trainstep with W = 2 worker processes against (a) a plain
+single-process LibTorch loop and (b) PyTorch DDP (Gloo, no_sync), on the same tiny_gpt,
+windows and micro-batch shapes, in one run, interleaved per precision row.
+
+  tests/bench/worker/worker_bench.py [--build-dir build] [--windows 24] [--skip 5] ...
+
+Expects `make build` (trainstep-coordinator, trainstep-worker, trainstep, and
+bench/plain_loop_bench). Every system gets one torch thread per process (OMP_NUM_THREADS=1
+for the trainstep workers, which set no thread count themselves; at::set_num_threads(1)
+in (a); torch.set_num_threads(1) in (b)). Steady state: tokens of windows skip+1..N over
+end_time_ms[N] - end_time_ms[skip], the same range for every system. Ratios:
+  per-worker = (trainstep total tokens/s / W) / (a)     aim ≥ 0.95
+  vs DDP     =  trainstep total tokens/s / (b)          aim ≥ 1.2
+Diagnostics (not part of the ratios): the trainstep workers' phase times (their /metrics),
+their CPU use, and (a)x2 — two copies of (a) at once — which shows what sharing the
+machine's two cores costs any two processes, protocol or not.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+TORCH_PYTHON = "/usr/bin/python3"
+
+
+def spec_for(args, precision):
+    # Every field written out: ddp_bench.py reads the same file without trainstep's defaults.
+    return {
+        "name": f"bench-{precision}",
+        "seed": 1,
+        "model": {"tiny_gpt": {"n_layer": args.n_layer, "n_head": args.n_head,
+                               "d_model": args.d_model, "seq_len": args.seq_len}},
+        "data": {"text": {"paths": [args.data], "seq_len": args.seq_len}, "shuffle": False},
+        "batch": {"micro_batch_size": args.micro_batch_size,
+                  "accumulation_steps": args.accumulation_steps, "tail": "dynamic"},
+        "precision": precision,
+        "loss": {"normalization": "tokens"},
+        "optimizer": {"adamw": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                                "weight_decay": 0.01}},
+        "stop": {"max_updates": args.windows},
+        "workers": {"count": args.workers},
+    }
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def steady_rate(records, skip):
+    """tokens/s over windows skip+1..N from {window: (end_time_ms, tokens)}."""
+    ids = sorted(records)
+    last = ids[-1]
+    if skip not in records or last <= skip:
+        raise RuntimeError(f"need windows {skip}..N, got {ids[:3]}..{ids[-3:]}")
+    tokens = sum(records[w][1] for w in ids if w > skip)
+    seconds = (records[last][0] - records[skip][0]) / 1000.0
+    return tokens / seconds, seconds / (last - skip)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class ProcWatch:
+    """Polls the trainstep workers of one launch (found, as launch.sh finds them, by their
+    --port-file under OUT) for CPU time and thread count, and their /metrics."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+        self.cpu = {}       # pid -> (utime+stime seconds, threads)
+        self.metrics = {}   # url -> last /metrics text
+        self.first_seen = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _workers(self):
+        pids = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"--port-file" in cmd and any(
+                    a.startswith(f"{self.out_dir}/worker-".encode()) for a in cmd) and \
+                    cmd[0].endswith(b"trainstep-worker"):
+                pids.append(int(pid))
+        return pids
+
+    def _run(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            for pid in self._workers():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    cpu = (int(fields[11]) + int(fields[12])) / tick
+                    self.cpu[pid] = (cpu, int(fields[17]))
+                    self.first_seen.setdefault(pid, time.time())
+                except (OSError, IndexError, ValueError):
+                    pass
+            endpoints = os.path.join(self.out_dir, "endpoints.json")
+            if os.path.exists(endpoints):
+                try:
+                    with open(endpoints) as f:
+                        urls = json.load(f)["worker_metrics"]
+                    for url in urls:
+                        with urllib.request.urlopen(url, timeout=1) as r:
+                            self.metrics[url] = r.read().decode()
+                except (OSError, ValueError, KeyError):
+                    pass
+            self._stop.wait(0.5)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def phase_sums(text):
+    """{phase: (sum_seconds, count)} from a worker's trainstep_worker_compute_seconds."""
+    out = {}
+    for m in re.finditer(
+            r'trainstep_worker_compute_seconds_(sum|count)\{[^}]*phase="(\w+)"[^}]*\} ([0-9.e+-]+)',
+            text):
+        kind, phase, value = m.group(1), m.group(2), float(m.group(3))
+        s, c = out.get(phase, (0.0, 0))
+        out[phase] = (value, c) if kind == "sum" else (s, int(value))
+    return out
+
+
+def run_trainstep(args, spec_path, out_dir, env):
+    watch = ProcWatch(out_dir)
+    watch.start()
+    start = time.time()
+    r = subprocess.run([os.path.join(ROOT, "deploy/local/launch.sh"), "--spec", spec_path,
+                        "--out", out_dir, "--bin", os.path.join(args.build_dir, "bin")],
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.time() - start
+    watch.stop()
+    if r.returncode != 0:
+        raise RuntimeError(f"trainstep run failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    updates = read_jsonl(os.path.join(out_dir, "updates.jsonl"))
+    records = {u["window_id"]: (u["end_time_ms"], u["global_valid_tokens"])
+               for u in updates if u["outcome"] == "commit"}
+    rate, per_window = steady_rate(records, args.skip)
+    steady = [u for u in updates if u["window_id"] > args.skip]
+    result = {
+        "tokens_per_s": rate,
+        "per_worker_tokens_per_s": rate / args.workers,
+        "seconds_per_window": per_window,
+        "wall_seconds": wall,
+        "allreduce_calls": sorted({u["allreduce_calls"] for u in updates}),
+        # Coordinator's view: first BeginWindow report to decision, i.e. the window minus
+        # the optimizer step and the next window's planning.
+        "coordinator_window_seconds": statistics.mean(u["window_seconds"] for u in steady),
+        "worker_cpu": [{"cpu_seconds": c, "threads": t} for c, t in watch.cpu.values()],
+    }
+    # Phase means per window (all windows, start-up included), averaged over the workers.
+    phases = {}
+    for text in watch.metrics.values():
+        for phase, (s, c) in phase_sums(text).items():
+            phases.setdefault(phase, []).append((s, c))
+    result["phase_seconds_per_window"] = {
+        p: statistics.mean(s / c for s, c in v if c) for p, v in phases.items() if any(c for _, c in v)}
+    result["windows_in_metrics"] = max((c for v in phases.values() for _, c in v), default=0)
+    return result
+
+
+def run_plain(args, spec_path, out_path, copies=1):
+    binary = os.path.join(args.build_dir, "bench", "plain_loop_bench")
+    procs = []
+    for i in range(copies):
+        path = out_path if copies == 1 else f"{out_path}.{i}"
+        procs.append((path, subprocess.Popen(
+            [binary, "--spec", spec_path, "--windows", str(args.windows), "--threads", "1",
+             "--out", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+    rates, note = [], ""
+    for path, p in procs:
+        _, err = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"plain_loop_bench failed ({p.returncode}):\n{err[-2000:]}")
+        note = err.strip()
+        rows = read_jsonl(path)
+        rates.append(steady_rate({r["window"]: (r["end_time_ms"], r["tokens"]) for r in rows},
+                                 args.skip))
+        steady = [r for r in rows if r["window"] > args.skip]
+    return {
+        "tokens_per_s": statistics.mean(r for r, _ in rates),
+        "seconds_per_window": statistics.mean(s for _, s in rates),
+        "compute_seconds_per_window": statistics.mean(r["compute_seconds"] for r in steady),
+        "optimizer_seconds_per_window": statistics.mean(r["optimizer_seconds"] for r in steady),
+        "note": note,
+    }
+
+
+def run_ddp(args, spec_path, out_path):
+    r = subprocess.run([TORCH_PYTHON, os.path.join(ROOT, "tests/bench/worker/ddp_bench.py"),
+                        "--spec", spec_path, "--windows", str(args.windows), "--out", out_path],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if r.returncode != 0:
+        raise RuntimeError(f"ddp_bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    rows = read_jsonl(out_path)
+    rate, per_window = steady_rate({x["window"]: (x["end_time_ms"], x["tokens"]) for x in rows},
+                                   args.skip)
+    return {"tokens_per_s": rate, "seconds_per_window": per_window,
+            "note": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    p.add_argument("--out-dir", default=f"/tmp/trainstep-worker-bench-{os.getpid()}")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--reps", type=int, default=1, help="interleaved repetitions; medians reported")
+    p.add_argument("--windows", type=int, default=24, help="windows per run (≤ 29: no short tail)")
+    p.add_argument("--skip", type=int, default=5, help="start-up windows left out")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--micro-batch-size", type=int, default=8)
+    p.add_argument("--accumulation-steps", type=int, default=4)
+    p.add_argument("--data", default="/usr/share/common-licenses")
+    p.add_argument("--no-contention", action="store_true", help="skip the (a)x2 diagnostic")
+    args = p.parse_args()
+    args.build_dir = os.path.abspath(args.build_dir)
+    for b in ("bin/trainstep-worker", "bin/trainstep-coordinator", "bin/trainstep",
+              "bench/plain_loop_bench"):
+        if not os.access(os.path.join(args.build_dir, b), os.X_OK):
+            sys.exit(f"worker_bench: {args.build_dir}/{b} not found: run `make build` first "
+                     "(with TRAINSTEP_BUILD_WORKER=ON)")
+    os.makedirs(args.out_dir, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                      if l.startswith("model name")), "?")
+    print(f"worker bench: nproc {os.cpu_count()}, CPU {cpu_model}, load {loadavg():.2f}; "
+          f"tiny_gpt n_layer {args.n_layer} n_head {args.n_head} d_model {args.d_model} "
+          f"seq_len {args.seq_len}; micro_batch_size {args.micro_batch_size} K "
+          f"{args.accumulation_steps} W {args.workers}; windows {args.skip + 1}..{args.windows} "
+          f"timed; 1 torch thread per process; out {args.out_dir}", flush=True)
+
+    started = time.time()
+    results = {}
+    for rep in range(args.reps):
+        for precision in args.precisions.split(","):
+            row_start = time.time()
+            spec_path = os.path.join(args.out_dir, f"spec-{precision}.json")
+            with open(spec_path, "w") as f:
+                json.dump(spec_for(args, precision), f, indent=1)
+            tag = f"{precision}-{rep}"
+            r = {"load_before": loadavg()}
+            r["trainstep"] = run_trainstep(args, spec_path, os.path.join(args.out_dir, f"ts-{tag}"), env)
+            r["plain"] = run_plain(args, spec_path, os.path.join(args.out_dir, f"plain-{tag}.jsonl"))
+            r["ddp"] = run_ddp(args, spec_path, os.path.join(args.out_dir, f"ddp-{tag}.jsonl"))
+            if not args.no_contention:
+                r["plain_x2"] = run_plain(args, spec_path,
+                                          os.path.join(args.out_dir, f"plain2-{tag}.jsonl"), copies=2)
+            r["load_after"] = loadavg()
+            r["row_seconds"] = time.time() - row_start
+            results.setdefault(precision, []).append(r)
+            ts = r["trainstep"]
+            print(f"  {tag}: trainstep {ts['tokens_per_s']:.0f} tok/s "
+                  f"({ts['per_worker_tokens_per_s']:.0f}/worker), (a) {r['plain']['tokens_per_s']:.0f}, "
+                  f"(b) {r['ddp']['tokens_per_s']:.0f}"
+                  + (f", (a)x2 {r['plain_x2']['tokens_per_s']:.0f}/copy" if "plain_x2" in r else "")
+                  + f"; load {r['load_before']:.2f}->{r['load_after']:.2f}; row {r['row_seconds']:.0f} s",
+                  flush=True)
+
+    def med(rows, *path):
+        vals = []
+        for row in rows:
+            v = row
+            for k in path:
+                v = v[k]
+            vals.append(v)
+        return statistics.median(vals)
+
+    print()
+    print("| precision | trainstep W=2 tok/s | per worker | (a) plain 1 proc | per worker ÷ (a) "
+          "(aim ≥ 0.95) | (b) DDP W=2 | trainstep ÷ (b) (aim ≥ 1.2) | (a)x2 per copy |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for precision, rows in results.items():
+        ts = med(rows, "trainstep", "tokens_per_s")
+        pw = ts / args.workers
+        a = med(rows, "plain", "tokens_per_s")
+        b = med(rows, "ddp", "tokens_per_s")
+        a2 = med(rows, "plain_x2", "tokens_per_s") if "plain_x2" in rows[0] else float("nan")
+        summary[precision] = {"trainstep": ts, "per_worker": pw, "plain": a, "ddp": b,
+                              "plain_x2": a2, "ratio_plain": pw / a, "ratio_ddp": ts / b}
+        print(f"| {precision} | {ts:.0f} | {pw:.0f} | {a:.0f} | {pw / a:.3f} "
+              f"{'ok' if pw / a >= 0.95 else 'MISSED'} | {b:.0f} | {ts / b:.3f} "
+              f"{'ok' if ts / b >= 1.2 else 'MISSED'} | {a2:.0f} |")
+    print()
+    print("Where a trainstep window's time goes (medians over reps; per window, seconds):")
+    for precision, rows in results.items():
+        ts = rows[len(rows) // 2]["trainstep"]
+        ph = ts["phase_seconds_per_window"]
+        pl = rows[len(rows) // 2]["plain"]
+        print(f"  {precision}: wall {ts['seconds_per_window']:.3f} = forward {ph.get('forward', 0):.3f} "
+              f"+ backward {ph.get('backward', 0):.3f} + allreduce {ph.get('allreduce', 0):.3f} "
+              f"+ optimizer {ph.get('optimizer', 0):.3f} + other "
+              f"{ts['seconds_per_window'] - sum(ph.values()):.3f} (RPC barriers, collate, unscale/"
+              f"norm); coordinator window {ts['coordinator_window_seconds']:.3f}; allreduce calls "
+              f"{ts['allreduce_calls']}; worker CPU {[round(c['cpu_seconds'], 1) for c in ts['worker_cpu']]} s "
+              f"over {ts['wall_seconds']:.0f} s wall, threads {[c['threads'] for c in ts['worker_cpu']]}")
+        print(f"        (a) per window of {args.workers}x the work: {pl['seconds_per_window']:.3f} "
+              f"(fwd+bwd {pl['compute_seconds_per_window']:.3f}, AdamW {pl['optimizer_seconds_per_window']:.4f}); "
+              f"{pl['note']}")
+    total = time.time() - started
+    print(f"\nworker bench took {total:.0f} s; raw results in {args.out_dir}/results.json")
+    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": results, "summary": summary,
+                   "seconds": total}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

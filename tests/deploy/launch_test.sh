@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# deploy/local/launch.sh as a user runs it: bad arguments exit 2; a small job runs to the
+# end with endpoints.json and updates.jsonl written and no process left behind; with
+# --restart-workers a worker killed mid-run is restarted and the job still succeeds.
+set -uo pipefail
+ROOT=$1 BIN=$2
+DIR=$(mktemp -d /tmp/trainstep-launch-test.XXXXXX)
+trap 'pkill -f -- "$DIR" 2>/dev/null; rm -rf "$DIR"' EXIT
+fail() { echo "FAIL: $*"; for f in "$DIR"/*/logs/*.log; do echo "--- $f"; tail -5 "$f"; done; exit 1; }
+
+"$ROOT/deploy/local/launch.sh" --out "$DIR/x" >/dev/null 2>&1; [ $? -eq 2 ] || fail "missing --spec must exit 2"
+"$ROOT/deploy/local/launch.sh" --spec "$DIR/none.json" --out "$DIR/x" >/dev/null 2>&1; [ $? -eq 2 ] || fail "unreadable spec must exit 2"
+
+cat >"$DIR/spec.json" <<JSON
+{"name":"launch","model":{"mlp":{}},"data":{"synthetic_regression":{"samples":128}},
+ "batch":{"micro_batch_size":4,"accumulation_steps":2},"workers":{"count":2},
+ "optimizer":{"sgd":{"lr":0.05}},"stop":{"epochs":2}}
+JSON
+timeout 120 "$ROOT/deploy/local/launch.sh" --spec "$DIR/spec.json" --out "$DIR/run" --bin "$BIN" >"$DIR/run.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat "$DIR/run.out"; fail "launch exited $rc"; }
+grep -q '"coordinator": "127.0.0.1:' "$DIR/run/endpoints.json" || fail "endpoints.json lacks the coordinator"
+[ "$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$DIR/run/endpoints.json" | wc -l)" -eq 3 ] || fail "endpoints.json lacks metrics URLs"
+[ "$(wc -l <"$DIR/run/updates.jsonl")" -eq 16 ] || fail "expected 16 windows in updates.jsonl"
+sleep 0.5
+pgrep -f -- "$DIR/run" >/dev/null && fail "processes left behind"
+
+# A worker killed mid-run is restarted (as Kubernetes would) and the job still succeeds.
+sed 's/"epochs":2/"epochs":400/' "$DIR/spec.json" >"$DIR/long.json"
+timeout 300 "$ROOT/deploy/local/launch.sh" --spec "$DIR/long.json" --out "$DIR/restart" --bin "$BIN" \
+  --restart-workers --coordinator-flag=--worker-lease-ms=1500 >"$DIR/restart.out" 2>&1 &
+LAUNCH=$!
+for _ in $(seq 1 300); do
+  [ -s "$DIR/restart/endpoints.json" ] && grep -q 'window 20 ' "$DIR/restart.out" 2>/dev/null && break
+  sleep 0.1
+done
+victim=$(pgrep -f -- "--port-file $DIR/restart/worker-1.ports" | head -1)
+[ -n "$victim" ] || fail "no worker-1 to kill"
+kill -9 "$victim"
+wait $LAUNCH
+rc=$?
+[ $rc -eq 0 ] || { tail -20 "$DIR/restart.out"; fail "restart run exited $rc"; }
+grep -q "restarting" "$DIR/restart.out" || fail "the killed worker was not restarted"
+grep -q '"reason":"WORKER_LOST"' "$DIR/restart/updates.jsonl" || grep -q '"generation":2' "$DIR/restart/updates.jsonl" || fail "no new generation after the kill"
+echo ok
