@@ -25,6 +25,10 @@ const Histogram::BucketBoundaries& LatencyBuckets() {
 
 std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(std::string(s)); }
 
+// The reasons step_machine.cc gives, lower-cased as the `reason` label.
+constexpr const char* kSkipReasons[] = {"overflow", "empty_window", "nonfinite_loss"};
+constexpr const char* kAbortReasons[] = {"desync", "worker_lost"};
+
 // Gauges get NaN for a skipped window's norm; Prometheus accepts it, but keep the last real one.
 void SetFinite(prometheus::Gauge& g, double v) {
   if (std::isfinite(v)) g.Set(v);
@@ -69,6 +73,11 @@ PrometheusMetrics::PrometheusMetrics()
       last_commit_(BuildGauge().Name("trainstep_last_commit_timestamp_seconds")
                        .Help("Unix time of the last committed update").Register(*registry_)),
       jobs_(BuildGauge().Name("trainstep_jobs").Help("Jobs by state").Register(*registry_)),
+      job_state_(BuildGauge().Name("trainstep_job_state")
+                     .Help("1 for the job's current state, 0 for the others")
+                     .Register(*registry_)),
+      job_start_(BuildGauge().Name("trainstep_job_start_timestamp_seconds")
+                     .Help("Unix time the job started running").Register(*registry_)),
       build_info_(BuildGauge().Name("trainstep_build_info")
                       .Help("Build information (value 1)").Register(*registry_)),
       window_duration_(BuildHistogram().Name("trainstep_window_duration_seconds")
@@ -106,6 +115,14 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
 }
 
+void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
+  const Labels l = {{"training_job", job_id}};
+  updates_.Add(l);
+  tokens_.Add(l);
+  for (const char* reason : kSkipReasons) skipped_.Add({{"training_job", job_id}, {"reason", reason}});
+  for (const char* reason : kAbortReasons) aborted_.Add({{"training_job", job_id}, {"reason", reason}});
+}
+
 void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
   const std::string& id = job.job_id();
   SetJobGauges(job);
@@ -139,9 +156,18 @@ void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
   for (const v1::Job& job : jobs) {
     ++by_state[Lower(v1::JobState_Name(job.state()))];
     SetJobGauges(job);
-    // A job first seen here was recovered from the journal: catch its counters up.
+    const Labels l = {{"training_job", job.job_id()}};
+    for (int s = v1::PENDING; s <= v1::CANCELLED; ++s) {
+      job_state_.Add({{"training_job", job.job_id()},
+                      {"state", Lower(v1::JobState_Name(static_cast<v1::JobState>(s)))}})
+          .Set(job.state() == s ? 1 : 0);
+    }
+    if (job.start_time_ms() > 0) {
+      job_start_.Add(l).Set(static_cast<double>(job.start_time_ms()) / 1000.0);
+    }
+    // A job first seen here is new, or was recovered from the journal: catch its counters up.
     if (seen_jobs_.insert(job.job_id()).second) {
-      const Labels l = {{"training_job", job.job_id()}};
+      InitJobCounters(job.job_id());
       updates_.Add(l).Increment(static_cast<double>(job.progress().windows_committed()));
       tokens_.Add(l).Increment(static_cast<double>(job.progress().cumulative_tokens()));
     }

@@ -41,6 +41,9 @@ class PrometheusMetrics : public CoordinatorMetrics {
  private:
   using Labels = std::map<std::string, std::string>;
   void SetJobGauges(const v1::Job& job);
+  // Creates a new job's counters at 0 for every known reason: an absent series would hide
+  // the first increment from rate() and leave ratios empty instead of 0.
+  void InitJobCounters(const std::string& job_id);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
@@ -63,6 +66,8 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& checkpoint_id_;
   prometheus::Family<prometheus::Gauge>& last_commit_;
   prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& job_state_;
+  prometheus::Family<prometheus::Gauge>& job_start_;
   prometheus::Family<prometheus::Gauge>& build_info_;
   prometheus::Family<prometheus::Histogram>& window_duration_;
   prometheus::Family<prometheus::Histogram>& barrier_wait_;

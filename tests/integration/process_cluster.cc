@@ -99,19 +99,31 @@ absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(const std:
 
 ProcessCluster::~ProcessCluster() {
   for (pid_t p : workers_) Kill(p);
-  if (coordinator_ > 0) {
-    kill(coordinator_, SIGTERM);
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    int status = 0;
-    while (waitpid(coordinator_, &status, WNOHANG) == 0) {
-      if (absl::Now() > give_up) {
-        kill(coordinator_, SIGKILL);
-        waitpid(coordinator_, &status, 0);
-        break;
-      }
-      Nap(absl::Milliseconds(10));
+  TerminateCoordinator(absl::Seconds(10));
+}
+
+int ProcessCluster::TerminateCoordinator(absl::Duration timeout) {
+  if (coordinator_ <= 0) return -1;
+  kill(coordinator_, SIGTERM);
+  const absl::Time give_up = absl::Now() + timeout;
+  int status = 0;
+  int code = -2;
+  while (true) {
+    const pid_t r = waitpid(coordinator_, &status, WNOHANG);
+    if (r == coordinator_) {
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
     }
+    if (r < 0) break;
+    if (absl::Now() > give_up) {
+      kill(coordinator_, SIGKILL);
+      waitpid(coordinator_, &status, 0);
+      break;
+    }
+    Nap(absl::Milliseconds(10));
   }
+  coordinator_ = -1;
+  return code;
 }
 
 void ProcessCluster::Kill(pid_t pid) {

@@ -40,6 +40,8 @@ class ProcessCluster {
   // Waits for every started worker to exit; returns their exit codes in start order.
   std::vector<int> WaitForWorkers(absl::Duration timeout);
   void Kill(pid_t pid);
+  // SIGTERM to the coordinator; its exit code (-2 if it had to be killed after `timeout`).
+  int TerminateCoordinator(absl::Duration timeout);
   // The last `lines` lines of every log, for failure messages.
   std::string Logs(int lines = 30) const;
 
