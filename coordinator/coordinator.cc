@@ -165,6 +165,7 @@ uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out)
         const v1::GenerationFormed& f = record.generation_formed();
         StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
       }
+      if (record.has_job_ended()) stores_.erase(record.job_ended().job_id());
       job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
                             record.has_generation_formed();
       if (options_.metrics != nullptr) {

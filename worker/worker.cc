@@ -100,6 +100,12 @@ absl::Status Worker::Setup() {
   }
   dataset_ = std::move(*d);
   planner_ = std::make_unique<data::WindowPlanner>(spec_, dataset_->size());
+  {
+    // The heartbeat thread reports the dataset from here on.
+    absl::MutexLock lock(&mu_);
+    dataset_report_.set_samples(dataset_->size());
+    dataset_report_.set_fingerprint(dataset_->fingerprint());
+  }
   absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
   if (!replica.ok()) {
     Fail(replica.status());
@@ -117,14 +123,11 @@ void Worker::HeartbeatLoop() {
     req.set_job_id(job_id_);
     req.set_worker_id(worker_id_);
     req.set_applied_update_id(applied_update_);
-    bool accepted;
     {
       absl::MutexLock lock(&mu_);
-      accepted = last_heartbeat_.dataset_accepted();
-    }
-    if (dataset_.has_value() && !accepted) {
-      req.mutable_dataset()->set_samples(dataset_->size());
-      req.mutable_dataset()->set_fingerprint(dataset_->fingerprint());
+      if (dataset_report_.samples() > 0 && !last_heartbeat_.dataset_accepted()) {
+        *req.mutable_dataset() = dataset_report_;
+      }
     }
     absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
     if (r.ok()) {

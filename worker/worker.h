@@ -82,6 +82,7 @@ class Worker {
   std::thread heartbeats_;
   mutable absl::Mutex mu_;
   v1::HeartbeatResponse last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  v1::DatasetInfo dataset_report_ ABSL_GUARDED_BY(mu_);  // set once the data is loaded
 };
 
 }  // namespace trainstep

@@ -99,6 +99,23 @@ std::set<std::string> SampleNames(const std::vector<Sample>& samples);
 std::optional<double> FindSample(const std::vector<Sample>& samples, const std::string& name,
                                  const std::map<std::string, std::string>& labels);
 
+// A PromQL expression read just enough to check it against an endpoint: the metric names it
+// selects (not functions, keywords, label names or Grafana variables), each selector's
+// label matchers, and the labels of by / without / on / ignoring clauses.
+struct PromqlMatcher {
+  std::string label, op, value;  // op: = != =~ !~
+};
+struct PromqlSelector {
+  std::string metric;
+  std::vector<PromqlMatcher> matchers;
+};
+struct PromqlRefs {
+  std::set<std::string> metrics;
+  std::vector<PromqlSelector> selectors;  // only those with a metric name
+  std::set<std::string> grouping_labels;
+};
+PromqlRefs ReadPromql(const std::string& expr);
+
 }  // namespace trainstep::obs
 
 #endif  // TRAINSTEP_TESTS_OBSERVABILITY_OBSERVABILITY_UTIL_H_

@@ -31,14 +31,20 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 TORCH_PYTHON = "/usr/bin/python3"
 
 
+def model_of(args, precision):
+    """(n_layer, n_head, d_model, seq_len) of the row's tiny_gpt."""
+    return tuple(int(x) for x in getattr(args, f"{precision}_model").split(","))
+
+
 def spec_for(args, precision):
     # Every field written out: ddp_bench.py reads the same file without trainstep's defaults.
+    n_layer, n_head, d_model, seq_len = model_of(args, precision)
     return {
         "name": f"bench-{precision}",
         "seed": 1,
-        "model": {"tiny_gpt": {"n_layer": args.n_layer, "n_head": args.n_head,
-                               "d_model": args.d_model, "seq_len": args.seq_len}},
-        "data": {"text": {"paths": [args.data], "seq_len": args.seq_len}, "shuffle": False},
+        "model": {"tiny_gpt": {"n_layer": n_layer, "n_head": n_head,
+                               "d_model": d_model, "seq_len": seq_len}},
+        "data": {"text": {"paths": [args.data], "seq_len": seq_len}, "shuffle": False},
         "batch": {"micro_batch_size": args.micro_batch_size,
                   "accumulation_steps": args.accumulation_steps, "tail": "dynamic"},
         "precision": precision,
@@ -231,10 +237,11 @@ def main():
     p.add_argument("--windows", type=int, default=24, help="windows per run (≤ 29: no short tail)")
     p.add_argument("--skip", type=int, default=5, help="start-up windows left out")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=128)
+    # Debian's LibTorch runs fp32 GEMMs on the reference (netlib) BLAS, ~20x slower than
+    # the oneDNN kernels bf16 autocast uses: the fp32 row gets a smaller tiny_gpt so that
+    # both rows have windows of a few hundred ms (compute ≫ RPC) and a row stays ≤ 60 s.
+    p.add_argument("--fp32-model", default="2,4,64,64", help="n_layer,n_head,d_model,seq_len")
+    p.add_argument("--bf16-model", default="4,4,128,128", help="n_layer,n_head,d_model,seq_len")
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--accumulation-steps", type=int, default=4)
     p.add_argument("--data", default="/usr/share/common-licenses")
@@ -250,9 +257,11 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                       if l.startswith("model name")), "?")
+    models = "; ".join(
+        f"{pr} tiny_gpt n_layer {m[0]} n_head {m[1]} d_model {m[2]} seq_len {m[3]}"
+        for pr, m in ((pr, model_of(args, pr)) for pr in args.precisions.split(",")))
     print(f"worker bench: nproc {os.cpu_count()}, CPU {cpu_model}, load {loadavg():.2f}; "
-          f"tiny_gpt n_layer {args.n_layer} n_head {args.n_head} d_model {args.d_model} "
-          f"seq_len {args.seq_len}; micro_batch_size {args.micro_batch_size} K "
+          f"{models}; micro_batch_size {args.micro_batch_size} K "
           f"{args.accumulation_steps} W {args.workers}; windows {args.skip + 1}..{args.windows} "
           f"timed; 1 torch thread per process; out {args.out_dir}", flush=True)
 
