@@ -25,6 +25,8 @@ constexpr Verb kVerbs[] = {
     {"job", "watch", Command::kJobWatch, "ID", "follow a job's progress until it ends"},
     {"job", "cancel", Command::kJobCancel, "ID", "cancel a job"},
     {"job", "logs", Command::kJobLogs, "ID", "print a job's per-update log"},
+    {"job", "plot", Command::kJobPlot, "ID",
+     "draw a job's loss, lr, loss scale and grad norm as an SVG file"},
     {"worker", "list", Command::kWorkerList, "", "list workers"},
 };
 
@@ -125,6 +127,19 @@ std::string VerbUsage(const Verb& v) {
                       "Every update record, oldest first. -o jsonl prints one JSON object per\n"
                       "line, with the .proto field names.\n");
       break;
+    case Command::kJobPlot:
+      absl::StrAppend(
+          &s,
+          " --out FILE.svg\n\n"
+          "Draws the job's per-update log as one SVG picture, no other program needed: loss,\n"
+          "learning rate, loss scale (log2 axis) and gradient norm before and after clipping,\n"
+          "in stacked panels against optimizer_update_id. Skipped windows are marked in orange\n"
+          "and aborted ones in red, across every panel. On a running job, what is logged so far.\n"
+          "\n"
+          "Flags:\n"
+          "  --out FILE.svg  where to write the picture (- for stdout); written whole or not at\n"
+          "                  all\n");
+      break;
     case Command::kWorkerList:
       absl::StrAppend(&s,
                       " [--job ID]\n\n"
@@ -142,7 +157,7 @@ std::string VerbUsage(const Verb& v) {
 // Everything on the line, sorted into flags and positionals; the first problem is kept.
 struct RawArgs {
   std::vector<std::string> positionals;
-  std::optional<std::string> coordinator, output, timeout, request_id, job;
+  std::optional<std::string> coordinator, output, timeout, request_id, job, out;
   bool watch = false;
   bool help = false;
   std::string error;
@@ -191,6 +206,7 @@ RawArgs Scan(const std::vector<std::string>& args) {
     if (name == "--timeout") slot = &raw.timeout;
     if (name == "--request-id") slot = &raw.request_id;
     if (name == "--job") slot = &raw.job;
+    if (name == "--out") slot = &raw.out;
     if (slot == nullptr) {
       fail(absl::StrCat("unknown flag ", name));
       continue;
@@ -295,6 +311,15 @@ ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& en
   }
   if (inv.command != Command::kWorkerList && raw.job.has_value()) {
     return UsageError(absl::StrCat("--job is not a flag of '", name, "'"), name);
+  }
+  if (inv.command != Command::kJobPlot && raw.out.has_value()) {
+    return UsageError(absl::StrCat("--out is not a flag of '", name, "'"), name);
+  }
+  if (inv.command == Command::kJobPlot) {
+    if (!raw.out.has_value() || raw.out->empty()) {
+      return UsageError("job plot needs --out FILE.svg (- for stdout)", name);
+    }
+    inv.out_path = *raw.out;
   }
   if (raw.request_id.has_value()) {
     if (raw.request_id->empty()) return UsageError("--request-id must not be empty", name);

@@ -24,7 +24,16 @@ enum ExitCode : int {
 
 inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
 
-enum class Command { kJobSubmit, kJobGet, kJobList, kJobWatch, kJobCancel, kJobLogs, kWorkerList };
+enum class Command {
+  kJobSubmit,
+  kJobGet,
+  kJobList,
+  kJobWatch,
+  kJobCancel,
+  kJobLogs,
+  kJobPlot,
+  kWorkerList
+};
 enum class Output { kTable, kJson, kJsonl };
 
 // "job submit", "worker list", ...
@@ -40,6 +49,7 @@ struct Invocation {
   std::string spec_path;                       // job submit; "-" = stdin
   std::string request_id;  // job submit --request-id; empty = derived from the spec
   bool watch = false;      // job submit --watch
+  std::string out_path;    // job plot --out; "-" = stdout
 };
 
 struct ParsedArgs {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/format.h"
+#include "client/plot.h"
 #include "client/progress.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
@@ -480,6 +481,59 @@ int JobLogs(const CommandContext& ctx, const std::string& job_id) {
   return kExitOk;
 }
 
+int JobPlot(const CommandContext& ctx, const std::string& job_id, const std::string& out_path) {
+  PlotInput input;
+  {
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::Job job;
+    grpc::Status s = Call(ctx, &v1::JobService::StubInterface::GetJob, req, &job);
+    if (!s.ok()) return ReportRpcError(ctx, s);
+    input.job_id = job.job_id();
+    input.job_name = job.name();
+  }
+  std::string token;
+  do {
+    v1::ListUpdatesRequest req;
+    req.set_job_id(job_id);
+    req.set_page_size(1000);
+    req.set_page_token(token);
+    v1::ListUpdatesResponse resp;
+    grpc::Status s = Call(ctx, &v1::JobService::StubInterface::ListUpdates, req, &resp);
+    if (!s.ok()) return ReportRpcError(ctx, s);
+    for (v1::UpdateRecord& r : *resp.mutable_updates()) input.records.push_back(std::move(r));
+    token = resp.next_page_token();
+  } while (!token.empty());
+
+  const std::string svg = RenderPlotSvg(input);
+  if (out_path == "-") {
+    *ctx.out << svg;
+    return kExitOk;
+  }
+  // Through a temporary file, so that FILE.svg is never half-written.
+  const std::string tmp = out_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << svg;
+    out.close();
+    if (!out) {
+      PrintError(ctx, absl::StrCat("cannot write \"", out_path, "\": ", std::strerror(errno)));
+      std::filesystem::remove(tmp);
+      return kExitError;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, out_path, ec);
+  if (ec) {
+    PrintError(ctx, absl::StrCat("cannot write \"", out_path, "\": ", ec.message()));
+    std::filesystem::remove(tmp, ec);
+    return kExitError;
+  }
+  *ctx.err << "wrote " << out_path << ": " << input.records.size() << " windows of " << job_id
+           << "\n";
+  return kExitOk;
+}
+
 int WorkerList(const CommandContext& ctx, const std::string& job_id) {
   v1::ListWorkersRequest req;
   req.set_job_id(job_id);
@@ -527,6 +581,8 @@ int RunCommand(const CommandContext& ctx, const Invocation& inv) {
       return JobCancel(ctx, inv.job_id);
     case Command::kJobLogs:
       return JobLogs(ctx, inv.job_id);
+    case Command::kJobPlot:
+      return JobPlot(ctx, inv.job_id, inv.out_path);
     case Command::kWorkerList:
       return WorkerList(ctx, inv.job_id);
   }

@@ -41,6 +41,8 @@ int JobList(const CommandContext& ctx);
 int JobWatch(const CommandContext& ctx, const std::string& job_id);
 int JobCancel(const CommandContext& ctx, const std::string& job_id);
 int JobLogs(const CommandContext& ctx, const std::string& job_id);
+// Writes the job's per-update log as an SVG picture to `out_path` ("-" = ctx.out).
+int JobPlot(const CommandContext& ctx, const std::string& job_id, const std::string& out_path);
 int WorkerList(const CommandContext& ctx, const std::string& job_id);
 
 // Runs the command an Invocation names.

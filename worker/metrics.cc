@@ -2,6 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 
+#ifndef TRAINSTEP_VERSION
+#define TRAINSTEP_VERSION "dev"
+#endif
+
 namespace trainstep {
 
 WorkerMetrics::WorkerMetrics()
@@ -19,7 +23,7 @@ WorkerMetrics::WorkerMetrics()
                  .Help("Time per phase of a window").Register(*registry_)),
       build_info_(prometheus::BuildGauge().Name("trainstep_build_info")
                       .Help("Build information (value 1)").Register(*registry_)) {
-  build_info_.Add({{"component", "worker"}}).Set(1);
+  build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "worker"}}).Set(1);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::string& address) {

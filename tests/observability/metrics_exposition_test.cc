@@ -4,15 +4,18 @@
 // and the counters agree with the per-update log.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tests/observability/observability_util.h"
 #include "tests/observability/observed_job.h"
 
@@ -184,7 +187,9 @@ TEST_F(MetricsExpositionTest, BothEndpointsPassPromtoolWhileRunningAndAfter) {
     EXPECT_EQ(FindSample(*samples, "trainstep_grad_norm",
                          {{"training_job", job.job_id()}, {"stage", "post_clip"}}),
               last_commit->grad_norm_post_clip());
-    EXPECT_EQ(FindSample(*samples, "trainstep_loss", of_job), last_commit->loss());
+    // prometheus-cpp writes 16 significant digits: the last bit of a double may differ.
+    EXPECT_NEAR(FindSample(*samples, "trainstep_loss", of_job).value_or(-1), last_commit->loss(),
+                1e-12 * std::abs(last_commit->loss()));
     for (int port : job.worker_metrics_ports()) {
       absl::StatusOr<std::string> worker = HttpGet(port, "/metrics");
       ASSERT_TRUE(worker.ok()) << worker.status();
@@ -225,7 +230,8 @@ TEST_F(MetricsExpositionTest, RealWorkerProcessesPassPromtool) {
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(cluster
                     .StartWorker(*id, {"--metrics-listen", "127.0.0.1:0", "--port-file",
-                                       absl::StrCat(dir_, "/worker-", i, ".ports")})
+                                       absl::StrCat(dir_, "/worker-", i, ".ports"),
+                                       "--log-format", "json"})
                     .ok());
   }
   std::vector<int> ports;
@@ -272,6 +278,15 @@ TEST_F(MetricsExpositionTest, RealWorkerProcessesPassPromtool) {
   v1::Job cancelled;
   EXPECT_TRUE(cluster.jobs()->CancelJob(&ctx, req, &cancelled).ok());
   cluster.WaitForWorkers(absl::Seconds(30));
+  // The workers ran with --log-format json: every line of their stderr is a JSON object.
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = ReadFileOrEmpty(absl::StrCat(dir_, "/worker-", i, ".log"));
+    EXPECT_FALSE(log.empty());
+    for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipEmpty())) {
+      absl::StatusOr<google::protobuf::Value> v = ParseJson(std::string(line));
+      EXPECT_TRUE(v.ok() && v->has_struct_value()) << "worker-" << i << ": " << line;
+    }
+  }
 }
 #endif  // TRAINSTEP_HAVE_WORKER
 

@@ -465,4 +465,114 @@ std::optional<double> FindSample(const std::vector<Sample>& samples, const std::
   return found;
 }
 
+PromqlRefs ReadPromql(const std::string& e) {
+  static const std::set<std::string> kKeywords = {
+      "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+      "bool", "offset", "inf", "nan", "Inf", "NaN"};
+  static const std::set<std::string> kGrouping = {"by",     "without",    "on",
+                                                  "ignoring", "group_left", "group_right"};
+  // Aggregations may be followed by a by / without clause instead of their parenthesis.
+  static const std::set<std::string> kAggregations = {
+      "sum",   "min",   "max",    "avg",          "group",  "stddev",  "stdvar",
+      "count", "count_values", "bottomk", "topk", "quantile", "limitk", "limit_ratio"};
+  PromqlRefs out;
+  auto skip_spaces = [&e](size_t i) {
+    while (i < e.size() && absl::ascii_isspace(e[i])) ++i;
+    return i;
+  };
+  auto read_name = [&e](size_t i) {
+    size_t j = i;
+    while (j < e.size() && IsNameChar(e[j])) ++j;
+    return j;
+  };
+  // Reads a quoted string starting at e[i]; returns the index after it.
+  auto read_string = [&e](size_t i, std::string* value) {
+    const char quote = e[i++];
+    while (i < e.size() && e[i] != quote) {
+      if (e[i] == '\\' && i + 1 < e.size()) ++i;
+      if (value != nullptr) *value += e[i];
+      ++i;
+    }
+    return i + 1;
+  };
+  // Reads {a="x", b=~"y"} starting at the brace; returns the index after it.
+  auto read_matchers = [&](size_t i, std::vector<PromqlMatcher>* matchers) {
+    ++i;
+    while (i < e.size() && e[i] != '}') {
+      i = skip_spaces(i);
+      if (i < e.size() && e[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i >= e.size() || e[i] == '}') break;
+      PromqlMatcher m;
+      const size_t end = read_name(i);
+      m.label = e.substr(i, end - i);
+      i = skip_spaces(end);
+      while (i < e.size() && (e[i] == '=' || e[i] == '!' || e[i] == '~')) m.op += e[i++];
+      i = skip_spaces(i);
+      if (i < e.size() && (e[i] == '"' || e[i] == '\'' || e[i] == '`')) {
+        i = read_string(i, &m.value);
+      } else {
+        ++i;  // malformed: move on
+      }
+      if (!m.label.empty()) matchers->push_back(std::move(m));
+    }
+    return i + 1;
+  };
+  size_t i = 0;
+  while (i < e.size()) {
+    const char c = e[i];
+    if (c == '"' || c == '\'' || c == '`') {
+      i = read_string(i, nullptr);
+    } else if (c == '[') {  // a range or subquery duration
+      while (i < e.size() && e[i] != ']') ++i;
+      ++i;
+    } else if (c == '$') {  // a Grafana variable: $x, ${x}, $__rate_interval
+      ++i;
+      if (i < e.size() && e[i] == '{') {
+        while (i < e.size() && e[i] != '}') ++i;
+        ++i;
+      } else {
+        i = read_name(i);
+      }
+    } else if (absl::ascii_isdigit(c) || (c == '.' && i + 1 < e.size() && absl::ascii_isdigit(e[i + 1]))) {
+      while (i < e.size() && (absl::ascii_isalnum(e[i]) || e[i] == '.')) ++i;  // 0.5, 1e3, 5m
+    } else if (c == '{') {  // a selector without a metric name
+      std::vector<PromqlMatcher> ignored;
+      i = read_matchers(i, &ignored);
+    } else if (IsNameStart(c)) {
+      const size_t end = read_name(i);
+      const std::string name = e.substr(i, end - i);
+      const size_t next = skip_spaces(end);
+      if (kGrouping.count(name) && next < e.size() && e[next] == '(') {
+        size_t j = next + 1;
+        while (j < e.size() && e[j] != ')') {
+          const size_t label_end = read_name(j);
+          if (label_end > j) {
+            out.grouping_labels.insert(e.substr(j, label_end - j));
+            j = label_end;
+          } else {
+            ++j;  // a comma or a space
+          }
+        }
+        i = j + 1;
+      } else if (kKeywords.count(name) || kAggregations.count(name) ||
+                 (next < e.size() && e[next] == '(')) {
+        i = end;  // a keyword, or a function / aggregation call
+      } else {
+        PromqlSelector sel;
+        sel.metric = name;
+        i = end;
+        if (next < e.size() && e[next] == '{') i = read_matchers(next, &sel.matchers);
+        out.metrics.insert(name);
+        out.selectors.push_back(std::move(sel));
+      }
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace trainstep::obs

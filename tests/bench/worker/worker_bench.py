@@ -81,10 +81,13 @@ class ProcWatch:
     """Polls the trainstep workers of one launch (found, as launch.sh finds them, by their
     --port-file under OUT) for CPU time and thread count, and their /metrics."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, skip, micro_steps_per_window):
         self.out_dir = out_dir
+        self.skip = skip
+        self.micro_steps_per_window = micro_steps_per_window
         self.cpu = {}       # pid -> (utime+stime seconds, threads)
         self.metrics = {}   # url -> last /metrics text
+        self.at_skip = {}   # url -> the first /metrics text with ≥ skip windows done
         self.first_seen = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -124,7 +127,11 @@ class ProcWatch:
                         urls = json.load(f)["worker_metrics"]
                     for url in urls:
                         with urllib.request.urlopen(url, timeout=1) as r:
-                            self.metrics[url] = r.read().decode()
+                            text = r.read().decode()
+                        self.metrics[url] = text
+                        if url not in self.at_skip and \
+                                micro_steps(text) >= self.skip * self.micro_steps_per_window:
+                            self.at_skip[url] = text
                 except (OSError, ValueError, KeyError):
                     pass
             self._stop.wait(0.5)
@@ -135,6 +142,11 @@ class ProcWatch:
     def stop(self):
         self._stop.set()
         self._thread.join()
+
+
+def micro_steps(text):
+    m = re.search(r'^trainstep_worker_micro_steps_total\{[^}]*\} ([0-9.e+-]+)', text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def phase_sums(text):
@@ -150,7 +162,7 @@ def phase_sums(text):
 
 
 def run_trainstep(args, spec_path, out_dir, env):
-    watch = ProcWatch(out_dir)
+    watch = ProcWatch(out_dir, args.skip, args.accumulation_steps)
     watch.start()
     start = time.time()
     r = subprocess.run([os.path.join(ROOT, "deploy/local/launch.sh"), "--spec", spec_path,
@@ -176,14 +188,19 @@ def run_trainstep(args, spec_path, out_dir, env):
         "coordinator_window_seconds": statistics.mean(u["window_seconds"] for u in steady),
         "worker_cpu": [{"cpu_seconds": c, "threads": t} for c, t in watch.cpu.values()],
     }
-    # Phase means per window (all windows, start-up included), averaged over the workers.
+    # Phase means per window over the windows between the two scrapes (the first with ≥ skip
+    # windows done, the last before the worker exited), averaged over the workers.
     phases = {}
-    for text in watch.metrics.values():
+    for url, text in watch.metrics.items():
+        before = phase_sums(watch.at_skip.get(url, ""))
         for phase, (s, c) in phase_sums(text).items():
-            phases.setdefault(phase, []).append((s, c))
-    result["phase_seconds_per_window"] = {
-        p: statistics.mean(s / c for s, c in v if c) for p, v in phases.items() if any(c for _, c in v)}
-    result["windows_in_metrics"] = max((c for v in phases.values() for _, c in v), default=0)
+            s0, c0 = before.get(phase, (0.0, 0))
+            if c > c0:
+                phases.setdefault(phase, []).append((s - s0) / (c - c0))
+    result["phase_seconds_per_window"] = {p: statistics.mean(v) for p, v in phases.items()}
+    result["phase_windows"] = [
+        (phase_sums(t).get("forward", (0, 0))[1], phase_sums(watch.at_skip.get(u, "")).get("forward", (0, 0))[1])
+        for u, t in watch.metrics.items()]
     return result
 
 
@@ -234,7 +251,8 @@ def main():
     p.add_argument("--out-dir", default=f"/tmp/trainstep-worker-bench-{os.getpid()}")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--reps", type=int, default=1, help="interleaved repetitions; medians reported")
-    p.add_argument("--windows", type=int, default=24, help="windows per run (≤ 29: no short tail)")
+    p.add_argument("--windows", type=int, default=16,
+                   help="windows per run (≤ 29: the bf16 row's epoch has 29 full windows)")
     p.add_argument("--skip", type=int, default=5, help="start-up windows left out")
     p.add_argument("--workers", type=int, default=2)
     # Debian's LibTorch runs fp32 GEMMs on the reference (netlib) BLAS, ~20x slower than
@@ -275,12 +293,20 @@ def main():
                 json.dump(spec_for(args, precision), f, indent=1)
             tag = f"{precision}-{rep}"
             r = {"load_before": loadavg()}
-            r["trainstep"] = run_trainstep(args, spec_path, os.path.join(args.out_dir, f"ts-{tag}"), env)
-            r["plain"] = run_plain(args, spec_path, os.path.join(args.out_dir, f"plain-{tag}.jsonl"))
-            r["ddp"] = run_ddp(args, spec_path, os.path.join(args.out_dir, f"ddp-{tag}.jsonl"))
+            systems = [
+                ("trainstep", lambda: run_trainstep(args, spec_path,
+                                                    os.path.join(args.out_dir, f"ts-{tag}"), env)),
+                ("plain", lambda: run_plain(args, spec_path,
+                                            os.path.join(args.out_dir, f"plain-{tag}.jsonl"))),
+                ("ddp", lambda: run_ddp(args, spec_path,
+                                        os.path.join(args.out_dir, f"ddp-{tag}.jsonl"))),
+            ]
             if not args.no_contention:
-                r["plain_x2"] = run_plain(args, spec_path,
-                                          os.path.join(args.out_dir, f"plain2-{tag}.jsonl"), copies=2)
+                systems.append(("plain_x2", lambda: run_plain(
+                    args, spec_path, os.path.join(args.out_dir, f"plain2-{tag}.jsonl"), copies=2)))
+            # Each repetition starts with another system, so a slow drift hits all of them.
+            for name, run in systems[rep % len(systems):] + systems[:rep % len(systems)]:
+                r[name] = run()
             r["load_after"] = loadavg()
             r["row_seconds"] = time.time() - row_start
             results.setdefault(precision, []).append(r)

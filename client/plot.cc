@@ -1,0 +1,370 @@
+#include "client/plot.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace trainstep::client {
+namespace {
+
+constexpr double kWidth = 960;
+constexpr double kLeft = 86;  // room for the y tick labels
+constexpr double kRight = 24;
+constexpr double kHeader = 84;       // title, subtitle, legend of the marks
+constexpr double kPanelHeight = 170;
+constexpr double kPanelGap = 56;     // x tick labels below a panel, the next one's title
+constexpr double kFooter = 24;
+// Values beyond this are drawn at it: keeps spans and coordinates finite.
+constexpr double kClamp = 1e300;
+
+constexpr char kLossColor[] = "#1f77b4";
+constexpr char kLrColor[] = "#2ca02c";
+constexpr char kScaleColor[] = "#9467bd";
+constexpr char kPreClipColor[] = "#8c564b";
+constexpr char kPostClipColor[] = "#17becf";
+constexpr char kSkipColor[] = "#ff7f0e";
+constexpr char kAbortColor[] = "#d62728";
+constexpr char kGridColor[] = "#e9ecef";
+constexpr char kAxisColor[] = "#868e96";
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        // Control characters are not allowed in XML 1.0 text.
+        if (static_cast<unsigned char>(c) >= 0x20 || c == '\t' || c == '\n') out += c;
+    }
+  }
+  return out;
+}
+
+// A coordinate: two decimals, and never "nan" or "inf" in the document.
+std::string Num(double v) { return absl::StrFormat("%.2f", std::isfinite(v) ? v : 0.0); }
+
+std::string TickLabel(double v) { return absl::StrFormat("%.4g", v); }
+
+// Powers of two: whole ones in full ("65536", not "6.554e+04").
+std::string Pow2Label(double exponent) {
+  const double v = std::exp2(exponent);
+  if (exponent >= 0 && exponent <= 50 && v == std::floor(v)) return absl::StrFormat("%.0f", v);
+  return TickLabel(v);
+}
+
+struct Point {
+  double x = 0;
+  double y = 0;  // non-finite: not drawn, breaks the line
+};
+
+struct Series {
+  std::string label;
+  const char* color;
+  std::vector<Point> points;
+  bool steps = false;  // the value holds until the next point (the loss scale)
+};
+
+struct Panel {
+  std::string title;
+  bool log2 = false;  // y axis in powers of two; values ≤ 0 are not drawable
+  std::vector<Series> series;
+};
+
+struct Mark {
+  double x = 0;
+  bool abort = false;
+  std::string tooltip;
+};
+
+struct Range {
+  double lo = 0;
+  double hi = 1;
+};
+
+double Clamp(double v) { return std::max(-kClamp, std::min(kClamp, v)); }
+
+// The drawable y of a value on this panel's axis, if any.
+bool Drawable(const Panel& p, double y, double* out) {
+  if (!std::isfinite(y)) return false;
+  if (p.log2) {
+    if (y <= 0) return false;
+    *out = std::log2(y);
+    return true;
+  }
+  *out = Clamp(y);
+  return true;
+}
+
+// 1, 2, 2.5 or 5 times a power of ten, so that about `count` steps span `span`.
+double NiceStep(double span, int count) {
+  const double raw = span / count;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double norm = raw / mag;
+  const double nice = norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 2.5 ? 2.5 : norm <= 5 ? 5 : 10;
+  return nice * mag;
+}
+
+std::vector<double> LinearTicks(Range r, int count, bool integers) {
+  std::vector<double> ticks;
+  double step = NiceStep(r.hi - r.lo, count);
+  if (!std::isfinite(step) || step <= 0) return ticks;
+  if (integers) step = std::max(1.0, std::ceil(step));
+  const double first = std::ceil(r.lo / step) * step;
+  for (int i = 0; i < 50; ++i) {
+    double v = first + i * step;
+    if (v > r.hi + step * 1e-9) break;
+    if (std::abs(v) < step * 1e-9) v = 0;  // no "-0"
+    ticks.push_back(v);
+  }
+  return ticks;
+}
+
+// The y range of a panel (in axis units: log₂ of the value on a log panel).
+Range YRange(const Panel& p) {
+  double lo = HUGE_VAL, hi = -HUGE_VAL;
+  for (const Series& s : p.series) {
+    for (const Point& pt : s.points) {
+      double y;
+      if (!Drawable(p, pt.y, &y)) continue;
+      lo = std::min(lo, y);
+      hi = std::max(hi, y);
+    }
+  }
+  if (lo > hi) return Range{0, 1};
+  if (p.log2) {
+    // Whole powers of two at both ends, then a margin so that no point sits on the frame.
+    Range r{std::floor(lo), std::ceil(hi)};
+    if (r.hi - r.lo < 1) {
+      r.lo -= 1;
+      r.hi += 1;
+    }
+    const double margin = (r.hi - r.lo) * 0.06;
+    return {r.lo - margin, r.hi + margin};
+  }
+  const double span = hi - lo;
+  if (!(span > 0) || !std::isfinite(span)) {
+    // A constant series: centre it.
+    double d = std::abs(lo) * 0.1;
+    if (!(d > 0) || !std::isfinite(d)) d = 1;
+    return {lo - d, hi + d};
+  }
+  return {lo - span * 0.06, hi + span * 0.06};
+}
+
+// Maps a value of `r` onto [a, b] (b may be less than a, for y).
+double Map(double v, Range r, double a, double b) {
+  return a + (v - r.lo) / (r.hi - r.lo) * (b - a);
+}
+
+void Line(std::string* svg, double x1, double y1, double x2, double y2, const std::string& attrs) {
+  absl::StrAppend(svg, "<line x1=\"", Num(x1), "\" y1=\"", Num(y1), "\" x2=\"", Num(x2),
+                  "\" y2=\"", Num(y2), "\" ", attrs, "/>\n");
+}
+
+void Text(std::string* svg, double x, double y, const std::string& attrs, const std::string& text) {
+  absl::StrAppend(svg, "<text x=\"", Num(x), "\" y=\"", Num(y), "\" ", attrs, ">", Escape(text),
+                  "</text>\n");
+}
+
+void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr,
+               const std::vector<Mark>& marks, bool last) {
+  const double left = kLeft, right = kWidth - kRight, bottom = top + kPanelHeight;
+  const Range yr = YRange(p);
+  absl::StrAppend(svg, "<g class=\"panel\" id=\"panel-", index, "\">\n");
+
+  // Title, with what could not be drawn.
+  int undrawable = 0, drawable = 0;
+  for (const Series& s : p.series) {
+    for (const Point& pt : s.points) {
+      double y;
+      (Drawable(p, pt.y, &y) ? drawable : undrawable)++;
+    }
+  }
+  std::string title = p.title;
+  if (undrawable > 0) {
+    absl::StrAppend(&title, "  (", undrawable, p.log2 ? " non-positive or non-finite" : " non-finite",
+                    undrawable == 1 ? " value" : " values", " not drawn)");
+  }
+  Text(svg, left, top - 10, "font-size=\"13\" font-weight=\"bold\" fill=\"#212529\"", title);
+  // Legend of the series, right-aligned on the title line.
+  double lx = right;
+  for (auto it = p.series.rbegin(); it != p.series.rend(); ++it) {
+    lx -= 8.0 + 7.0 * static_cast<double>(it->label.size());
+    Text(svg, lx, top - 10, "font-size=\"11\" fill=\"#495057\"", it->label);
+    Line(svg, lx - 22, top - 14, lx - 4, top - 14,
+         absl::StrCat("stroke=\"", it->color, "\" stroke-width=\"2\""));
+    lx -= 30;
+  }
+
+  // Grid, ticks and their labels.
+  const std::vector<double> yticks =
+      p.log2 ? LinearTicks(yr, 5, /*integers=*/true) : LinearTicks(yr, 5, /*integers=*/false);
+  for (double t : yticks) {
+    const double y = Map(t, yr, bottom, top);
+    Line(svg, left, y, right, y, absl::StrCat("stroke=\"", kGridColor, "\""));
+    Line(svg, left - 4, y, left, y, absl::StrCat("stroke=\"", kAxisColor, "\""));
+    Text(svg, left - 7, y + 4, "font-size=\"11\" text-anchor=\"end\" fill=\"#495057\"",
+         p.log2 ? Pow2Label(t) : TickLabel(t));
+  }
+  for (double t : LinearTicks(xr, 8, /*integers=*/true)) {
+    const double x = Map(t, xr, left, right);
+    Line(svg, x, top, x, bottom, absl::StrCat("stroke=\"", kGridColor, "\""));
+    Line(svg, x, bottom, x, bottom + 4, absl::StrCat("stroke=\"", kAxisColor, "\""));
+    Text(svg, x, bottom + 17, "font-size=\"11\" text-anchor=\"middle\" fill=\"#495057\"",
+         TickLabel(t));
+  }
+  if (last) {
+    Text(svg, (left + right) / 2, bottom + 38,
+         "font-size=\"12\" text-anchor=\"middle\" fill=\"#212529\"", "optimizer_update_id");
+  }
+
+  // Skipped and aborted windows, across the whole panel height.
+  for (const Mark& m : marks) {
+    const double x = Map(m.x, xr, left, right);
+    absl::StrAppend(svg, "<line class=\"", m.abort ? "mark-abort" : "mark-skip", "\" x1=\"", Num(x),
+                    "\" y1=\"", Num(top), "\" x2=\"", Num(x), "\" y2=\"", Num(bottom),
+                    "\" stroke=\"", m.abort ? kAbortColor : kSkipColor,
+                    "\" stroke-width=\"1.5\" stroke-opacity=\"0.7\"><title>", Escape(m.tooltip),
+                    "</title></line>\n");
+  }
+
+  // The series: one polyline per run of drawable points going forward in x.
+  for (const Series& s : p.series) {
+    std::vector<std::vector<std::pair<double, double>>> runs(1);
+    double prev_x = -HUGE_VAL;
+    for (const Point& pt : s.points) {
+      double y;
+      if (!Drawable(p, pt.y, &y) || pt.x < prev_x) {
+        if (!runs.back().empty()) runs.emplace_back();
+        if (!Drawable(p, pt.y, &y)) continue;
+      }
+      const double px = Map(pt.x, xr, left, right);
+      const double py = Map(y, yr, bottom, top);
+      if (s.steps && !runs.back().empty()) runs.back().emplace_back(px, runs.back().back().second);
+      runs.back().emplace_back(px, py);
+      prev_x = pt.x;
+    }
+    for (const auto& run : runs) {
+      if (run.empty()) continue;
+      if (run.size() > 1) {
+        std::string points;
+        for (const auto& [x, y] : run) absl::StrAppend(&points, points.empty() ? "" : " ", Num(x), ",", Num(y));
+        absl::StrAppend(svg, "<polyline class=\"series\" fill=\"none\" stroke=\"", s.color,
+                        "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"", points,
+                        "\"/>\n");
+      }
+    }
+    // Dots where there are few points (a single one would otherwise be invisible).
+    if (drawable <= 120) {
+      for (const auto& run : runs) {
+        for (size_t i = 0; i < run.size(); ++i) {
+          if (s.steps && i % 2 == 1) continue;  // the corners of a step are not data
+          absl::StrAppend(svg, "<circle cx=\"", Num(run[i].first), "\" cy=\"", Num(run[i].second),
+                          "\" r=\"2.2\" fill=\"", s.color, "\"/>\n");
+        }
+      }
+    }
+  }
+  if (drawable == 0) {
+    Text(svg, (left + right) / 2, (top + bottom) / 2 + 4,
+         "font-size=\"12\" text-anchor=\"middle\" fill=\"#868e96\"", "no data");
+  }
+  absl::StrAppend(svg, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"",
+                  Num(right - left), "\" height=\"", Num(kPanelHeight), "\" fill=\"none\" stroke=\"",
+                  kAxisColor, "\"/>\n</g>\n");
+}
+
+}  // namespace
+
+std::string RenderPlotSvg(const PlotInput& input) {
+  Panel loss{"loss", false, {{"loss", kLossColor, {}, false}}};
+  Panel lr{"learning rate", false, {{"lr", kLrColor, {}, false}}};
+  Panel scale{"loss scale (log\u2082 axis)", true, {{"loss scale", kScaleColor, {}, true}}};
+  Panel norm{"gradient norm",
+             false,
+             {{"pre-clip", kPreClipColor, {}, false}, {"post-clip", kPostClipColor, {}, false}}};
+  std::vector<Mark> marks;
+  int64_t commits = 0, skips = 0, aborts = 0;
+  for (const v1::UpdateRecord& r : input.records) {
+    const double id = static_cast<double>(r.optimizer_update_id());
+    if (r.outcome() == "commit") {
+      ++commits;
+      loss.series[0].points.push_back({id, r.loss()});
+      lr.series[0].points.push_back({id, r.learning_rate()});
+      norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
+      norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
+      scale.series[0].points.push_back({id, r.loss_scale()});
+      continue;
+    }
+    const bool abort = r.outcome() != "skip";
+    (abort ? aborts : skips)++;
+    marks.push_back({id + 0.5, abort,
+                     absl::StrCat("window ", r.window_id(), " (generation ", r.generation(), "): ",
+                                  r.outcome(), r.reason().empty() ? "" : " ", r.reason(),
+                                  " after update ", r.optimizer_update_id())});
+    // A skip can change the scale (overflow backs it off); an abort changes nothing.
+    if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
+  }
+  const std::vector<Panel> panels = {loss, lr, scale, norm};
+
+  // One x range for every panel: the data and the marks.
+  double xlo = HUGE_VAL, xhi = -HUGE_VAL;
+  for (const Panel& p : panels) {
+    for (const Series& s : p.series) {
+      for (const Point& pt : s.points) {
+        xlo = std::min(xlo, pt.x);
+        xhi = std::max(xhi, pt.x);
+      }
+    }
+  }
+  for (const Mark& m : marks) {
+    xlo = std::min(xlo, m.x);
+    xhi = std::max(xhi, m.x);
+  }
+  Range xr{0, 1};
+  if (xlo <= xhi) {
+    const double pad = std::max(0.5, (xhi - xlo) * 0.01);
+    xr = {xlo - pad, xhi + pad};
+  }
+
+  const double height = kHeader + panels.size() * (kPanelHeight + kPanelGap) + kFooter;
+  std::string svg = absl::StrCat(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", Num(kWidth), "\" height=\"",
+      Num(height), "\" viewBox=\"0 0 ", Num(kWidth), " ", Num(height),
+      "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
+  std::string title = input.job_id;
+  if (!input.job_name.empty()) absl::StrAppend(&title, " \u2014 ", input.job_name);
+  absl::StrAppend(&svg, "<title>", Escape(title), "</title>\n");
+  absl::StrAppend(&svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+  Text(&svg, kLeft, 30, "font-size=\"18\" font-weight=\"bold\" fill=\"#212529\"", title);
+  std::string subtitle = absl::StrCat(input.records.size(),
+                                      input.records.size() == 1 ? " window: " : " windows: ", commits,
+                                      " committed, ", skips, " skipped, ", aborts, " aborted");
+  Text(&svg, kLeft, 52, "font-size=\"12\" fill=\"#495057\"", subtitle);
+  // The legend of the marks.
+  const double ly = 52;
+  double lx = kWidth - kRight - 260;
+  for (const auto& [color, label] : {std::pair<const char*, const char*>{kSkipColor, "skipped window"},
+                                     {kAbortColor, "aborted window"}}) {
+    Line(&svg, lx, ly - 12, lx, ly + 2,
+         absl::StrCat("stroke=\"", color, "\" stroke-width=\"2\" stroke-opacity=\"0.8\""));
+    Text(&svg, lx + 7, ly, "font-size=\"12\" fill=\"#495057\"", label);
+    lx += 130;
+  }
+  for (size_t i = 0; i < panels.size(); ++i) {
+    DrawPanel(&svg, panels[i], static_cast<int>(i),
+              kHeader + kPanelGap / 2 + i * (kPanelHeight + kPanelGap), xr, marks,
+              i + 1 == panels.size());
+  }
+  absl::StrAppend(&svg, "</svg>\n");
+  return svg;
+}
+
+}  // namespace trainstep::client
