@@ -397,6 +397,18 @@ absl::Status Worker::AwaitJobEnd() {
 }
 
 WorkerExit Worker::Run() {
+  // The worker's edge: any exception still escaping LibTorch fails the job with its message
+  // instead of leaving the other ranks waiting for a process that vanished.
+  try {
+    return RunOrThrow();
+  } catch (const std::exception& e) {
+    absl::Status s = absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
+    Fail(s);
+    return {1, std::string(s.message())};
+  }
+}
+
+WorkerExit Worker::RunOrThrow() {
   absl::Status setup = Setup();
   if (!setup.ok()) return {1, std::string(setup.message())};
   int64_t after = 0;

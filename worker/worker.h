@@ -51,6 +51,7 @@ class Worker {
   // Outcome of running windows in one generation.
   enum class GenerationEnd { kJobDone, kRejoin };
 
+  WorkerExit RunOrThrow();
   absl::Status Setup();
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   absl::Status SyncState(const v1::Assignment& a);

@@ -78,9 +78,14 @@ absl::StatusOr<AllReduceStats> Collective::AllReduceSum(const std::vector<at::Te
       members.push_back(tensors[j]);
       ++j;
     }
-    std::vector<at::Tensor> flat_views;
-    for (const at::Tensor& t : members) flat_views.push_back(t.reshape({-1}));
-    std::vector<at::Tensor> bucket = {at::cat(flat_views)};
+    std::vector<at::Tensor> bucket;
+    try {
+      std::vector<at::Tensor> flat_views;
+      for (const at::Tensor& t : members) flat_views.push_back(t.reshape({-1}));
+      bucket = {at::cat(flat_views)};
+    } catch (const std::exception& e) {  // a local fault, not a lost peer: fail, do not rejoin
+      return absl::InternalError(absl::StrCat("packing gradients for the all-reduce: ", e.what()));
+    }
     absl::Status s = Catching("gradient all-reduce", [&] { group_->allreduce(bucket)->wait(); });
     if (!s.ok()) return s;
     int64_t offset = 0;
