@@ -12,6 +12,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "worker/generate.h"
+#include "worker/malloc_config.h"
 #include "worker/metrics.h"
 #include "worker/worker.h"
 
@@ -43,6 +44,8 @@ namespace trainstep {
 namespace {
 
 int Main(int argc, char** argv) {
+  // Before the first tensor: steady-state micro-steps then reuse heap memory (malloc_config.h).
+  ConfigureMallocForTraining();
   ConfigureUsage(
       "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
       "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]");

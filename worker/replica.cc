@@ -13,6 +13,7 @@
 #include "worker/amp.h"
 #include "worker/checkpoint/safetensors.h"
 #include "worker/loss.h"
+#include "worker/torch_status.h"
 
 namespace trainstep {
 namespace {
@@ -20,17 +21,9 @@ namespace {
 constexpr char kModelPrefix[] = "model/";
 constexpr char kOptimPrefix[] = "optim/";
 
-// LibTorch throws; the worker's edge wants a Status with context.
 template <typename Fn>
 absl::Status Catching(const std::string& what, Fn&& fn) {
-  try {
-    fn();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (msg.size() > 800) msg = msg.substr(0, 800) + "…";
-    return absl::InternalError(absl::StrCat(what, ": ", msg));
-  }
+  return CatchTorch(absl::StatusCode::kInternal, what, std::forward<Fn>(fn));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "worker/data/collate.h"
 #include "worker/generate.h"
 #include "worker/loss.h"
+#include "worker/torch_status.h"
 
 namespace trainstep {
 namespace {
@@ -402,7 +403,7 @@ WorkerExit Worker::Run() {
   try {
     return RunOrThrow();
   } catch (const std::exception& e) {
-    absl::Status s = absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
+    absl::Status s = absl::InternalError(absl::StrCat("unexpected error: ", ShortWhat(e)));
     Fail(s);
     return {1, std::string(s.message())};
   }

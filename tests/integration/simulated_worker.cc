@@ -50,14 +50,19 @@ absl::Status SimulatedWorker::Register(const std::string& name) {
   return absl::OkStatus();
 }
 
+v1::HeartbeatRequest SimulatedWorker::HeartbeatRequest() const {
+  v1::HeartbeatRequest req;
+  req.set_job_id(job_id_);
+  req.set_worker_id(worker_id_);
+  req.set_applied_update_id(applied_update_);
+  req.mutable_dataset()->set_samples(dataset_samples_);
+  req.mutable_dataset()->set_fingerprint("sim");
+  return req;
+}
+
 void SimulatedWorker::HeartbeatLoop() {
   while (!stop_heartbeats_.HasBeenNotified() && !crashed_) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(job_id_);
-    req.set_worker_id(worker_id_);
-    req.set_applied_update_id(applied_update_);
-    req.mutable_dataset()->set_samples(dataset_samples_);
-    req.mutable_dataset()->set_fingerprint("sim");
+    const v1::HeartbeatRequest req = HeartbeatRequest();
     (void)client_.Heartbeat(req);
     stop_heartbeats_.WaitForNotificationWithTimeout(heartbeat_every_);
   }
@@ -67,12 +72,7 @@ absl::StatusOr<v1::Assignment> SimulatedWorker::AwaitAssignment(int64_t after_ge
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
   while (absl::Now() < give_up) {
     if (crashed_) return absl::CancelledError("crashed");
-    v1::HeartbeatRequest req;
-    req.set_job_id(job_id_);
-    req.set_worker_id(worker_id_);
-    req.set_applied_update_id(applied_update_);
-    req.mutable_dataset()->set_samples(dataset_samples_);
-    req.mutable_dataset()->set_fingerprint("sim");
+    const v1::HeartbeatRequest req = HeartbeatRequest();
     absl::StatusOr<v1::HeartbeatResponse> r = client_.Heartbeat(req);
     if (r.ok()) {
       if (r->job_state() != v1::PENDING && r->job_state() != v1::RUNNING) {

@@ -53,6 +53,7 @@ class SimulatedWorker {
   // Waits for an assignment in a generation newer than `after_generation`.
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   void HeartbeatLoop();
+  v1::HeartbeatRequest HeartbeatRequest() const;
   // Rank 0 writes (here: acknowledges) a checkpoint the assignment asks for.
   absl::Status AckPending(const v1::Assignment& a);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/collective/coordinator_store.h"
+#include "worker/torch_status.h"
 
 namespace trainstep {
 namespace {
@@ -17,17 +18,10 @@ std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
-// c10d throws; the worker's edge wants a Status naming the operation.
+// A collective that throws lost a peer (or the generation): the worker rejoins.
 template <typename Fn>
 absl::Status Catching(const std::string& what, Fn&& fn) {
-  try {
-    fn();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (msg.size() > 600) msg = msg.substr(0, 600) + "…";
-    return absl::UnavailableError(absl::StrCat(what, " failed: ", msg));
-  }
+  return CatchTorch(absl::StatusCode::kUnavailable, what + " failed", std::forward<Fn>(fn));
 }
 
 }  // namespace
@@ -84,7 +78,7 @@ absl::StatusOr<AllReduceStats> Collective::AllReduceSum(const std::vector<at::Te
       for (const at::Tensor& t : members) flat_views.push_back(t.reshape({-1}));
       bucket = {at::cat(flat_views)};
     } catch (const std::exception& e) {  // a local fault, not a lost peer: fail, do not rejoin
-      return absl::InternalError(absl::StrCat("packing gradients for the all-reduce: ", e.what()));
+      return absl::InternalError(absl::StrCat("packing gradients for the all-reduce: ", ShortWhat(e)));
     }
     absl::Status s = Catching("gradient all-reduce", [&] { group_->allreduce(bucket)->wait(); });
     if (!s.ok()) return s;

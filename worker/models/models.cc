@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/models/model.h"
+#include "worker/torch_status.h"
 
 namespace trainstep {
 namespace {
@@ -149,9 +150,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved) {
   try {
     return BuildModelOrThrow(resolved);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 400) what = what.substr(0, 400) + "…";
-    return absl::InternalError(absl::StrCat("building the model: ", what));
+    return absl::InternalError(absl::StrCat("building the model: ", ShortWhat(e, 400)));
   }
 }
 
@@ -171,10 +170,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
       try {
         return std::unique_ptr<Model>(new TorchScriptModel(torch::jit::load(m.torchscript().path())));
       } catch (const std::exception& e) {
-        std::string what = e.what();
-        if (what.size() > 400) what = what.substr(0, 400) + "…";
         return absl::InvalidArgumentError(absl::StrCat(
-            "model.torchscript.path: cannot load ", m.torchscript().path(), ": ", what));
+            "model.torchscript.path: cannot load ", m.torchscript().path(), ": ", ShortWhat(e, 400)));
       }
     }
     case v1::Model::KIND_NOT_SET:

@@ -2,7 +2,8 @@
 // exactly the windows trainstep trains — the same resolved spec, the same tiny_gpt
 // (BuildModel), the same micro-batches (WindowPlanner + Collate, every rank's share in
 // turn), forward / backward(Σ CE / N) / AdamW step, and nothing else: no coordinator, no
-// collective, no unscale or norm. One line of JSON per window goes to --out:
+// collective, no unscale or norm. It takes the worker's malloc settings (malloc_config.h)
+// unless --malloc default. One line of JSON per window goes to --out:
 //   {"window": w, "end_time_ms": t, "tokens": N, "compute_seconds": c, "optimizer_seconds": o}
 // tests/bench/worker/worker_bench.py turns them into tokens/s over the same window range
 // as trainstep's updates.jsonl.
@@ -29,12 +30,15 @@
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
+#include "worker/malloc_config.h"
 #include "worker/models/model.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec (JSON), the one trainstep runs");
 ABSL_FLAG(int64_t, windows, 0, "windows to train (default: the spec's stop.max_updates)");
 ABSL_FLAG(int32_t, threads, 1, "torch intra-op threads (at::set_num_threads)");
 ABSL_FLAG(std::string, out, "", "per-window JSON lines go here (default: stdout)");
+ABSL_FLAG(std::string, malloc, "worker",
+          "worker: the trainstep worker's glibc malloc settings; default: glibc's defaults");
 
 namespace trainstep {
 namespace {
@@ -61,6 +65,13 @@ int Run(int argc, char** argv) {
   std::vector<std::string> storage = NormalizeFlagNames(argc, argv, &args);
   absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
 
+  const std::string malloc_mode = absl::GetFlag(FLAGS_malloc);
+  if (malloc_mode == "worker") {
+    if (!ConfigureMallocForTraining()) std::cerr << "plain_loop_bench: mallopt failed\n";
+  } else if (malloc_mode != "default") {
+    std::cerr << "--malloc must be worker or default\n";
+    return 2;
+  }
   const int default_threads = at::get_num_threads();
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
 
@@ -111,9 +122,9 @@ int Run(int argc, char** argv) {
   std::ostream& out = out_path.empty() ? std::cout : file;
   std::cerr << absl::StrFormat(
       "plain_loop_bench: %d windows of %d micro-batches x %d samples, %s, torch threads %d "
-      "(default here %d)\n",
+      "(default here %d), malloc %s\n",
       windows, world * spec->batch().accumulation_steps(), spec->batch().micro_batch_size(),
-      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads);
+      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads, malloc_mode);
 
   for (int64_t w = 1; w <= windows; ++w) {
     const auto start = std::chrono::steady_clock::now();

@@ -8,18 +8,22 @@ windows and micro-batch shapes, in one run, interleaved per precision row.
 Expects `make build` (trainstep-coordinator, trainstep-worker, trainstep, and
 bench/plain_loop_bench). Every system gets one torch thread per process (OMP_NUM_THREADS=1
 for the trainstep workers, which set no thread count themselves; at::set_num_threads(1)
-in (a); torch.set_num_threads(1) in (b)). Steady state: tokens of windows skip+1..N over
+in (a); torch.set_num_threads(1) in (b)) and the same glibc malloc settings (the worker's
+ConfigureMallocForTraining, worker/malloc_config.h: in the worker and in (a) by mallopt, in
+(b) by MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). Steady state: tokens of windows skip+1..N over
 end_time_ms[N] - end_time_ms[skip], the same range for every system. Ratios:
   per-worker = (trainstep total tokens/s / W) / (a)     aim ≥ 0.95
   vs DDP     =  trainstep total tokens/s / (b)          aim ≥ 1.2
 Diagnostics (not part of the ratios): the trainstep workers' phase times (their /metrics),
-their CPU use, and (a)x2 — two copies of (a) at once — which shows what sharing the
-machine's two cores costs any two processes, protocol or not.
+their CPU use; with --contention, (a)x2 — two copies of (a) at once — which shows what
+sharing the machine's cores costs any two processes, protocol or not; with
+--plain-default-malloc, (a) with glibc's default malloc settings.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +33,8 @@ import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TORCH_PYTHON = "/usr/bin/python3"
+# worker/malloc_config.h's mallopt settings, as glibc's environment variables.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def model_of(args, precision):
@@ -162,6 +168,8 @@ def phase_sums(text):
 
 
 def run_trainstep(args, spec_path, out_dir, env):
+    # A fresh directory: launch.sh would read a previous run's coordinator.ports.
+    shutil.rmtree(out_dir, ignore_errors=True)
     watch = ProcWatch(out_dir, args.skip, args.accumulation_steps)
     watch.start()
     start = time.time()
@@ -198,20 +206,20 @@ def run_trainstep(args, spec_path, out_dir, env):
             if c > c0:
                 phases.setdefault(phase, []).append((s - s0) / (c - c0))
     result["phase_seconds_per_window"] = {p: statistics.mean(v) for p, v in phases.items()}
-    result["phase_windows"] = [
-        (phase_sums(t).get("forward", (0, 0))[1], phase_sums(watch.at_skip.get(u, "")).get("forward", (0, 0))[1])
-        for u, t in watch.metrics.items()]
+    for i, text in enumerate(watch.metrics.values()):
+        with open(os.path.join(out_dir, f"worker-{i}.metrics.txt"), "w") as f:
+            f.write(text)
     return result
 
 
-def run_plain(args, spec_path, out_path, copies=1):
+def run_plain(args, spec_path, out_path, copies=1, malloc="worker"):
     binary = os.path.join(args.build_dir, "bench", "plain_loop_bench")
     procs = []
     for i in range(copies):
         path = out_path if copies == 1 else f"{out_path}.{i}"
         procs.append((path, subprocess.Popen(
             [binary, "--spec", spec_path, "--windows", str(args.windows), "--threads", "1",
-             "--out", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+             "--malloc", malloc, "--out", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
     rates, note = [], ""
     for path, p in procs:
         _, err = p.communicate()
@@ -235,7 +243,7 @@ def run_ddp(args, spec_path, out_path):
     r = subprocess.run([TORCH_PYTHON, os.path.join(ROOT, "tests/bench/worker/ddp_bench.py"),
                         "--spec", spec_path, "--windows", str(args.windows), "--out", out_path],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       env=dict(os.environ, OMP_NUM_THREADS="1", **MALLOC_ENV))
     if r.returncode != 0:
         raise RuntimeError(f"ddp_bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rows = read_jsonl(out_path)
@@ -263,7 +271,10 @@ def main():
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--accumulation-steps", type=int, default=4)
     p.add_argument("--data", default="/usr/share/common-licenses")
-    p.add_argument("--no-contention", action="store_true", help="skip the (a)x2 diagnostic")
+    p.add_argument("--contention", action="store_true",
+                   help="also run (a)x2: two copies of (a) at once")
+    p.add_argument("--plain-default-malloc", action="store_true",
+                   help="also run (a) with glibc's default malloc settings")
     args = p.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
     for b in ("bin/trainstep-worker", "bin/trainstep-coordinator", "bin/trainstep",
@@ -301,9 +312,13 @@ def main():
                 ("ddp", lambda: run_ddp(args, spec_path,
                                         os.path.join(args.out_dir, f"ddp-{tag}.jsonl"))),
             ]
-            if not args.no_contention:
+            if args.contention:
                 systems.append(("plain_x2", lambda: run_plain(
                     args, spec_path, os.path.join(args.out_dir, f"plain2-{tag}.jsonl"), copies=2)))
+            if args.plain_default_malloc:
+                systems.append(("plain_glibc", lambda: run_plain(
+                    args, spec_path, os.path.join(args.out_dir, f"plain-glibc-{tag}.jsonl"),
+                    malloc="default")))
             # Each repetition starts with another system, so a slow drift hits all of them.
             for name, run in systems[rep % len(systems):] + systems[:rep % len(systems)]:
                 r[name] = run()
@@ -315,6 +330,7 @@ def main():
                   f"({ts['per_worker_tokens_per_s']:.0f}/worker), (a) {r['plain']['tokens_per_s']:.0f}, "
                   f"(b) {r['ddp']['tokens_per_s']:.0f}"
                   + (f", (a)x2 {r['plain_x2']['tokens_per_s']:.0f}/copy" if "plain_x2" in r else "")
+                  + (f", (a) glibc malloc {r['plain_glibc']['tokens_per_s']:.0f}" if "plain_glibc" in r else "")
                   + f"; load {r['load_before']:.2f}->{r['load_after']:.2f}; row {r['row_seconds']:.0f} s",
                   flush=True)
 
@@ -329,20 +345,30 @@ def main():
 
     print()
     print("| precision | trainstep W=2 tok/s | per worker | (a) plain 1 proc | per worker ÷ (a) "
-          "(aim ≥ 0.95) | (b) DDP W=2 | trainstep ÷ (b) (aim ≥ 1.2) | (a)x2 per copy |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(aim ≥ 0.95) | (b) DDP W=2 | trainstep ÷ (b) (aim ≥ 1.2) |")
+    print("|---|---|---|---|---|---|---|")
     summary = {}
     for precision, rows in results.items():
         ts = med(rows, "trainstep", "tokens_per_s")
         pw = ts / args.workers
         a = med(rows, "plain", "tokens_per_s")
         b = med(rows, "ddp", "tokens_per_s")
-        a2 = med(rows, "plain_x2", "tokens_per_s") if "plain_x2" in rows[0] else float("nan")
         summary[precision] = {"trainstep": ts, "per_worker": pw, "plain": a, "ddp": b,
-                              "plain_x2": a2, "ratio_plain": pw / a, "ratio_ddp": ts / b}
+                              "ratio_plain": pw / a, "ratio_ddp": ts / b}
+        for extra in ("plain_x2", "plain_glibc"):
+            if extra in rows[0]:
+                summary[precision][extra] = med(rows, extra, "tokens_per_s")
         print(f"| {precision} | {ts:.0f} | {pw:.0f} | {a:.0f} | {pw / a:.3f} "
               f"{'ok' if pw / a >= 0.95 else 'MISSED'} | {b:.0f} | {ts / b:.3f} "
-              f"{'ok' if ts / b >= 1.2 else 'MISSED'} | {a2:.0f} |")
+              f"{'ok' if ts / b >= 1.2 else 'MISSED'} |")
+    for precision, sm in summary.items():
+        if "plain_x2" in sm:
+            print(f"  {precision} diagnostic: (a)x2 {sm['plain_x2']:.0f} tok/s per copy = "
+                  f"{sm['plain_x2'] / sm['plain']:.3f} of (a); trainstep per worker = "
+                  f"{sm['per_worker'] / sm['plain_x2']:.3f} of (a)x2")
+        if "plain_glibc" in sm:
+            print(f"  {precision} diagnostic: (a) with glibc's default malloc {sm['plain_glibc']:.0f} "
+                  f"tok/s = {sm['plain_glibc'] / sm['plain']:.3f} of (a)")
     print()
     print("Where a trainstep window's time goes (medians over reps; per window, seconds):")
     for precision, rows in results.items():
