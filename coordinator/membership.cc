@@ -71,8 +71,14 @@ bool Membership::Renew(const std::string& worker_id, absl::Time now, absl::Time 
   if (e == nullptr || e->info.state() == v1::LOST) return false;
   e->lease_expiry = lease_expiry;
   e->info.set_last_heartbeat_ms(absl::ToUnixMillis(now));
-  e->applied_update_id = applied_update_id;
+  // Reports can arrive out of order; a replica never goes back (a rollback takes new workers).
+  e->applied_update_id = std::max(e->applied_update_id, applied_update_id);
   return true;
+}
+
+void Membership::NoteApplied(const std::string& worker_id, int64_t update_id) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e != nullptr) e->applied_update_id = std::max(e->applied_update_id, update_id);
 }
 
 void Membership::RenewAll(absl::Time lease_expiry) {

@@ -21,7 +21,10 @@ struct WorkerEntry {
   std::string request_id;
   bool dataset_accepted = false;
   absl::Time lease_expiry;         // ephemeral: not journaled, reset on recovery
-  int64_t applied_update_id = -1;  // ephemeral: as last reported
+  // Ephemeral: the newest optimizer update this worker's replica is known to hold (from its
+  // heartbeats and window reports); -1 until it says. Only holders of the job's current
+  // update may seed a new generation.
+  int64_t applied_update_id = -1;
 };
 
 class Membership {
@@ -39,6 +42,8 @@ class Membership {
   // --- Leases (ephemeral) ---
   bool Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
              int64_t applied_update_id);
+  // The worker's replica holds optimizer update `update_id` (it reported a window at it).
+  void NoteApplied(const std::string& worker_id, int64_t update_id);
   // Every live worker's lease restarts at `lease_expiry` (after a coordinator restart).
   void RenewAll(absl::Time lease_expiry);
   std::vector<std::string> Expired(absl::Time now) const;

@@ -545,6 +545,8 @@ absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
   ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
   if (!attempt->has_any_report()) attempt->first_report = now;
   RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
+  // A rank starts window w only after applying every decision before it.
+  if (req.window_id() == last_window_ + 1) membership_.NoteApplied(req.worker_id(), update_id_);
   if (!BarrierReady(*attempt)) return answer;
   MaybeEndEmptyWindow(now);
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
@@ -581,6 +583,7 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
   // The report carries n_r, so it also stands for a BeginWindow report that a restarted
   // coordinator never saw.
   RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
+  membership_.NoteApplied(req.worker_id(), update_id_);
   std::optional<v1::CompleteWindowRequest>& slot = attempt->complete[req.rank()];
   if (slot.has_value()) {
     if (slot->SerializeAsString() != req.SerializeAsString()) {
@@ -890,21 +893,27 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   const size_t need = static_cast<size_t>(job_.spec().workers().count());
   if (survivors.size() + standbys.size() < need) return;
 
+  // Survivors whose replica holds the current update come first, so rank 0 can seed the
+  // others. A member of a generation that broke before it synced (its source died) holds
+  // nothing: it must not seed anyone.
+  std::vector<std::string> holders, others;
+  for (const std::string& id : survivors) {
+    (membership_.Find(id)->applied_update_id >= update_id_ ? holders : others).push_back(id);
+  }
   v1::JournalRecord record;
   v1::GenerationFormed* f = record.mutable_generation_formed();
   f->set_job_id(job_id());
   f->set_generation(membership_.generation() + 1);
-  for (const std::string& id : survivors) {
-    if (static_cast<size_t>(f->worker_ids_size()) < need) f->add_worker_ids(id);
-  }
-  for (const std::string& id : standbys) {
-    if (static_cast<size_t>(f->worker_ids_size()) < need) f->add_worker_ids(id);
-  }
+  std::vector<std::string> order = holders;
+  order.insert(order.end(), others.begin(), others.end());
+  order.insert(order.end(), standbys.begin(), standbys.end());
+  order.resize(need);
+  for (const std::string& id : order) f->add_worker_ids(id);
   v1::Assignment* a = f->mutable_assignment();
   a->set_store_prefix(absl::StrCat(job_id(), "/g", f->generation(), "/"));
 
   // Where the replicas' state comes from (DESIGN.md "Failure semantics").
-  if (!survivors.empty()) {
+  if (!holders.empty()) {
     a->set_state_source(v1::Assignment::BROADCAST);
     a->set_source_rank(0);
   } else if (update_id_ == 0) {

@@ -173,7 +173,8 @@ def free_port():
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", required=True)
     p.add_argument("--windows", type=int, required=True)
     p.add_argument("--out", required=True)

@@ -254,13 +254,15 @@ def run_ddp(args, spec_path, out_path):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     p.add_argument("--out-dir", default=f"/tmp/trainstep-worker-bench-{os.getpid()}")
     p.add_argument("--precisions", default="fp32,bf16")
-    p.add_argument("--reps", type=int, default=1, help="interleaved repetitions; medians reported")
+    p.add_argument("--reps", type=int, default=3,
+                   help="interleaved repetitions, medians reported (one is ±5%% on a busy machine)")
     p.add_argument("--windows", type=int, default=16,
-                   help="windows per run (≤ 29: the bf16 row's epoch has 29 full windows)")
+                   help="windows per run (≤ 37: the bf16 row's epoch has 37 full windows)")
     p.add_argument("--skip", type=int, default=5, help="start-up windows left out")
     p.add_argument("--workers", type=int, default=2)
     # Debian's LibTorch runs fp32 GEMMs on the reference (netlib) BLAS, ~20x slower than
@@ -370,21 +372,28 @@ def main():
             print(f"  {precision} diagnostic: (a) with glibc's default malloc {sm['plain_glibc']:.0f} "
                   f"tok/s = {sm['plain_glibc'] / sm['plain']:.3f} of (a)")
     print()
-    print("Where a trainstep window's time goes (medians over reps; per window, seconds):")
+    print("Where a window's time goes (seconds per window, medians over repetitions; trainstep "
+          "phases from the workers' /metrics, averaged over both workers):")
     for precision, rows in results.items():
+        phase = {p: statistics.median(r["trainstep"]["phase_seconds_per_window"].get(p, 0.0)
+                                      for r in rows)
+                 for p in ("forward", "backward", "allreduce", "optimizer")}
+        wall = med(rows, "trainstep", "seconds_per_window")
+        coord = med(rows, "trainstep", "coordinator_window_seconds")
         ts = rows[len(rows) // 2]["trainstep"]
-        ph = ts["phase_seconds_per_window"]
-        pl = rows[len(rows) // 2]["plain"]
-        print(f"  {precision}: wall {ts['seconds_per_window']:.3f} = forward {ph.get('forward', 0):.3f} "
-              f"+ backward {ph.get('backward', 0):.3f} + allreduce {ph.get('allreduce', 0):.3f} "
-              f"+ optimizer {ph.get('optimizer', 0):.3f} + other "
-              f"{ts['seconds_per_window'] - sum(ph.values()):.3f} (RPC barriers, collate, unscale/"
-              f"norm); coordinator window {ts['coordinator_window_seconds']:.3f}; allreduce calls "
-              f"{ts['allreduce_calls']}; worker CPU {[round(c['cpu_seconds'], 1) for c in ts['worker_cpu']]} s "
-              f"over {ts['wall_seconds']:.0f} s wall, threads {[c['threads'] for c in ts['worker_cpu']]}")
-        print(f"        (a) per window of {args.workers}x the work: {pl['seconds_per_window']:.3f} "
-              f"(fwd+bwd {pl['compute_seconds_per_window']:.3f}, AdamW {pl['optimizer_seconds_per_window']:.4f}); "
-              f"{pl['note']}")
+        print(f"  {precision} trainstep: {wall:.4f} = forward {phase['forward']:.4f} + backward "
+              f"{phase['backward']:.4f} + allreduce {phase['allreduce']:.4f} + optimizer "
+              f"{phase['optimizer']:.4f} + other {wall - sum(phase.values()):.4f} (RPC barriers, "
+              f"planning, collate, unscale/check/norm); coordinator's window_seconds {coord:.4f}; "
+              f"allreduce calls per window {ts['allreduce_calls']}; worker CPU "
+              f"{[round(c['cpu_seconds'], 1) for c in ts['worker_cpu']]} s in "
+              f"{ts['wall_seconds']:.0f} s wall (start-up included), threads "
+              f"{[c['threads'] for c in ts['worker_cpu']]}")
+        print(f"  {precision} (a), {args.workers}x a worker's share per window: "
+              f"{med(rows, 'plain', 'seconds_per_window'):.4f} = forward+backward "
+              f"{med(rows, 'plain', 'compute_seconds_per_window'):.4f} + AdamW step "
+              f"{med(rows, 'plain', 'optimizer_seconds_per_window'):.4f}; {rows[0]['plain']['note']}")
+        print(f"  {precision} (b): {med(rows, 'ddp', 'seconds_per_window'):.4f}; {rows[0]['ddp']['note']}")
     total = time.time() - started
     print(f"\nworker bench took {total:.0f} s; raw results in {args.out_dir}/results.json")
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:

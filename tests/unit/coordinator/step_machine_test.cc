@@ -982,6 +982,56 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   EXPECT_GT(ck.checkpoint_id(), d5.checkpoint_id());  // checkpoint ids are never reused
 }
 
+// A generation whose only state holder dies before it seeded the newcomer: the newcomer holds
+// nothing, so the next generation rolls back to the checkpoint instead of broadcasting from
+// it. Catches: seeding a generation from a replica that never received the state (seen with
+// real processes when two leases expired a millisecond apart).
+TEST(StepMachineTest, NewcomerThatNeverSyncedDoesNotSeedTheNextGeneration) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 3))));
+  const std::vector<std::string> g1 = sim.Start(2);
+  sim.RunWindow();
+  const v1::WindowDecision d2 = sim.RunWindow();
+  ASSERT_TRUE(d2.write_checkpoint());
+  ASSERT_TRUE(sim.Ack(d2.checkpoint_id(), 2).ok());
+  sim.RunWindow();  // update 3
+  auto heartbeat = [&](const std::string& id, int64_t applied) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(sim.job().job_id());
+    req.set_worker_id(id);
+    *req.mutable_dataset() = sim.dataset();
+    req.set_applied_update_id(applied);
+    ASSERT_TRUE(sim.machine().Heartbeat(req, sim.now()).ok());
+    sim.Drain();
+  };
+  const std::string c = sim.AddWorker();
+  heartbeat(c, 0);  // a fresh replica: initial weights only
+  sim.Advance(absl::Seconds(6));
+  heartbeat(g1[1], 3);
+  heartbeat(c, 0);
+  sim.Advance(absl::Seconds(5));
+  sim.Tick();  // g1[0] lost: generation 2 = {g1[1] (holds update 3), c}
+  ASSERT_EQ(sim.generation(), 2);
+  EXPECT_EQ(sim.Ranks(), (std::vector<std::string>{g1[1], c}));
+
+  const std::string d = sim.AddWorker();
+  heartbeat(d, 0);
+  sim.Advance(absl::Seconds(6));
+  heartbeat(c, 0);
+  heartbeat(d, 0);
+  sim.Advance(absl::Seconds(5));
+  const size_t before = sim.records().size();
+  sim.Tick();  // g1[1] lost before anyone reported a window of generation 2
+  const v1::GenerationFormed* f = nullptr;
+  for (size_t i = before; i < sim.records().size(); ++i) {
+    if (sim.records()[i].has_generation_formed()) f = &sim.records()[i].generation_formed();
+  }
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->generation(), 3);
+  EXPECT_EQ(f->assignment().state_source(), v1::Assignment::CHECKPOINT);
+  EXPECT_TRUE(f->rolled_back());
+  EXPECT_EQ(f->assignment().optimizer_update_id(), 2);
+}
+
 // Catches: a rollback with no durable checkpoint that keeps the lost ids instead of
 // restarting from the initial weights (INIT) with every id at 0.
 TEST(StepMachineTest, AllLostWithoutDurableCheckpointRestartsFromInit) {
