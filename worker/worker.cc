@@ -70,7 +70,9 @@ void Worker::Fail(const absl::Status& status) {
 
 absl::Status Worker::Setup() {
   WorkerClientOptions copts;
-  copts.keep_waiting = [this] { return !job_over_ && !lost_; };
+  // Re-sent every 2 s, so a wait notices within a heartbeat that its generation is gone.
+  copts.barrier_poll = absl::Seconds(2);
+  copts.keep_waiting = [this] { return !job_over_ && !lost_ && !GenerationSuperseded(); };
   client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
   v1::RegisterWorkerRequest reg;
   reg.set_job_id(options_.job_id);
@@ -133,6 +135,7 @@ void Worker::HeartbeatLoop() {
     absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
     if (r.ok()) {
       if (Terminal(r->job_state())) job_over_ = true;
+      NoteAssignment(*r);
       absl::MutexLock lock(&mu_);
       last_heartbeat_ = *r;
     } else if (r.status().code() == absl::StatusCode::kFailedPrecondition ||
@@ -145,6 +148,16 @@ void Worker::HeartbeatLoop() {
     }
     stop_heartbeats_.WaitForNotificationWithTimeout(heartbeat_every_);
   }
+}
+
+void Worker::NoteAssignment(const v1::HeartbeatResponse& r) {
+  // -1: this worker is in no live generation (it broke, or re-formed without us).
+  current_generation_ = r.assigned() ? r.assignment().generation() : -1;
+}
+
+bool Worker::GenerationSuperseded() const {
+  const int64_t joined = joined_generation_.load();
+  return joined > 0 && current_generation_.load() != joined;
 }
 
 absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation) {
@@ -166,6 +179,8 @@ absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation)
                                                  r->job_message()));
       }
       if (r->assigned() && r->assignment().generation() > after_generation) {
+        NoteAssignment(*r);
+        joined_generation_ = r->assignment().generation();
         return r->assignment();
       }
     } else if (r.status().code() != absl::StatusCode::kUnavailable &&

@@ -62,6 +62,10 @@ class Worker {
                                int64_t scheduler_step, double loss_scale);
   absl::Status AwaitJobEnd();
   void HeartbeatLoop();
+  // Waits (barriers, the collective's rendezvous) give up once the coordinator's heartbeat
+  // answers show the generation this worker joined is no longer the current one.
+  void NoteAssignment(const v1::HeartbeatResponse& r);
+  bool GenerationSuperseded() const;
   void Fail(const absl::Status& status);
 
   WorkerOptions options_;
@@ -79,6 +83,8 @@ class Worker {
   std::atomic<int64_t> applied_update_{0};
   std::atomic<bool> job_over_{false};
   std::atomic<bool> lost_{false};
+  std::atomic<int64_t> joined_generation_{0};   // the generation this worker last joined
+  std::atomic<int64_t> current_generation_{0};  // as the latest heartbeat answer says
   absl::Notification stop_heartbeats_;
   std::thread heartbeats_;
   mutable absl::Mutex mu_;

@@ -226,8 +226,10 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
     v1::GetJobRequest req;
     req.set_job_id(*b);
     v1::Job job;
+    // Kill well between two checkpoints (every 40 updates), so the rollback has windows to redo.
     if (cluster.jobs()->GetJob(&ctx, req, &job).ok() &&
-        job.progress().durable_checkpoint_id() >= 2) {
+        job.progress().durable_checkpoint_id() >= 2 &&
+        job.progress().optimizer_update_id() % 40 >= 5 && job.progress().optimizer_update_id() % 40 <= 30) {
       for (pid_t p : first) cluster.Kill(p);
       killed_at = job.progress().optimizer_update_id();
     }

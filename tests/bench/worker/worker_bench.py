@@ -20,9 +20,11 @@ sharing the machine's cores costs any two processes, protocol or not; with
 --plain-default-malloc, (a) with glibc's default malloc settings.
 """
 import argparse
+import ctypes
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -65,6 +67,71 @@ def spec_for(args, precision):
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
+
+
+def machine_busy_seconds():
+    """CPU seconds every process on the machine has used (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def become_subreaper():
+    """Orphaned descendants (launch.sh's workers once their supervisor is gone) are then
+    reparented to this script, which reaps them, so that their CPU time counts as its own."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_orphans(max_wait=5.0):
+    deadline = time.time() + max_wait
+    while time.time() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no descendant left
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def own_seconds():
+    """CPU seconds of this script and every descendant it has reaped."""
+    c, m = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return c.ru_utime + c.ru_stime + m.ru_utime + m.ru_stime
+
+
+def wait_for_quiet(limit_cores, max_wait):
+    """Waits (≤ max_wait s) until other processes use < limit_cores; returns what they used."""
+    deadline = time.time() + max_wait
+    while True:
+        b0 = machine_busy_seconds()
+        time.sleep(2.0)
+        foreign = (machine_busy_seconds() - b0) / 2.0
+        if foreign < limit_cores or time.time() >= deadline:
+            return foreign
+
+
+def measured(run, args, what):
+    """run() with the CPU that other processes took meanwhile (cores on average); retried
+    (after waiting for quiet) while that exceeds --max-foreign-cores, at most --retries times."""
+    for attempt in range(args.retries + 1):
+        wait_for_quiet(args.max_foreign_cores, args.quiet_wait)
+        b0, o0, t0 = machine_busy_seconds(), own_seconds(), time.time()
+        result = run()
+        reap_orphans()
+        wall = time.time() - t0
+        foreign = max(0.0, (machine_busy_seconds() - b0) - (own_seconds() - o0)) / wall
+        result["foreign_cores"] = foreign
+        result["attempts"] = attempt + 1
+        if foreign <= args.max_foreign_cores:
+            return result
+        print(f"    {what}: other processes used {foreign:.2f} cores meanwhile; "
+              + ("measuring again" if attempt < args.retries else "keeping it, marked *"),
+              flush=True)
+    return result
 
 
 def steady_rate(records, skip):
@@ -273,12 +340,19 @@ def main():
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--accumulation-steps", type=int, default=4)
     p.add_argument("--data", default="/usr/share/common-licenses")
+    p.add_argument("--max-foreign-cores", type=float, default=0.15,
+                   help="a measurement during which other processes used more CPU (cores on "
+                        "average) is disturbed: measured again, or marked *")
+    p.add_argument("--retries", type=int, default=2, help="re-measurements of a disturbed run")
+    p.add_argument("--quiet-wait", type=float, default=60,
+                   help="seconds to wait for other processes to go quiet before each run")
     p.add_argument("--contention", action="store_true",
                    help="also run (a)x2: two copies of (a) at once")
     p.add_argument("--plain-default-malloc", action="store_true",
                    help="also run (a) with glibc's default malloc settings")
     args = p.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
+    become_subreaper()
     for b in ("bin/trainstep-worker", "bin/trainstep-coordinator", "bin/trainstep",
               "bench/plain_loop_bench"):
         if not os.access(os.path.join(args.build_dir, b), os.X_OK):
@@ -305,7 +379,7 @@ def main():
             with open(spec_path, "w") as f:
                 json.dump(spec_for(args, precision), f, indent=1)
             tag = f"{precision}-{rep}"
-            r = {"load_before": loadavg()}
+            r = {}
             systems = [
                 ("trainstep", lambda: run_trainstep(args, spec_path,
                                                     os.path.join(args.out_dir, f"ts-{tag}"), env)),
@@ -323,18 +397,23 @@ def main():
                     malloc="default")))
             # Each repetition starts with another system, so a slow drift hits all of them.
             for name, run in systems[rep % len(systems):] + systems[:rep % len(systems)]:
-                r[name] = run()
-            r["load_after"] = loadavg()
+                r[name] = measured(run, args, f"{tag} {name}")
             r["row_seconds"] = time.time() - row_start
             results.setdefault(precision, []).append(r)
+            def show(name, label, unit=""):
+                if name not in r:
+                    return ""
+                x = r[name]
+                mark = "*" if x["foreign_cores"] > args.max_foreign_cores else ""
+                return (f", {label} {x['tokens_per_s']:.0f}{unit}{mark} "
+                        f"[others {x['foreign_cores']:.2f} cores]")
             ts = r["trainstep"]
             print(f"  {tag}: trainstep {ts['tokens_per_s']:.0f} tok/s "
-                  f"({ts['per_worker_tokens_per_s']:.0f}/worker), (a) {r['plain']['tokens_per_s']:.0f}, "
-                  f"(b) {r['ddp']['tokens_per_s']:.0f}"
-                  + (f", (a)x2 {r['plain_x2']['tokens_per_s']:.0f}/copy" if "plain_x2" in r else "")
-                  + (f", (a) glibc malloc {r['plain_glibc']['tokens_per_s']:.0f}" if "plain_glibc" in r else "")
-                  + f"; load {r['load_before']:.2f}->{r['load_after']:.2f}; row {r['row_seconds']:.0f} s",
-                  flush=True)
+                  f"({ts['per_worker_tokens_per_s']:.0f}/worker)"
+                  f"{'*' if ts['foreign_cores'] > args.max_foreign_cores else ''} "
+                  f"[others {ts['foreign_cores']:.2f} cores]" + show("plain", "(a)") + show("ddp", "(b)")
+                  + show("plain_x2", "(a)x2", "/copy") + show("plain_glibc", "(a) glibc malloc")
+                  + f"; row {r['row_seconds']:.0f} s", flush=True)
 
     def med(rows, *path):
         vals = []
@@ -345,32 +424,50 @@ def main():
             vals.append(v)
         return statistics.median(vals)
 
+    disturbed = sum(1 for rows in results.values() for r in rows for k, x in r.items()
+                    if isinstance(x, dict) and x.get("foreign_cores", 0) > args.max_foreign_cores)
     print()
+    if disturbed:
+        print(f"{disturbed} measurement(s) kept although other processes used > "
+              f"{args.max_foreign_cores} cores meanwhile (marked * above): the medians below are "
+              "less trustworthy; run again on a quieter machine.")
+    print("tokens/s: medians over repetitions; ratios: median [min-max] of each repetition's ratio")
     print("| precision | trainstep W=2 tok/s | per worker | (a) plain 1 proc | per worker ÷ (a) "
           "(aim ≥ 0.95) | (b) DDP W=2 | trainstep ÷ (b) (aim ≥ 1.2) |")
     print("|---|---|---|---|---|---|---|")
+    # Ratios are taken within each repetition (its measurements ran minutes apart at most, so
+    # a slow drift of the machine cancels), then the median over repetitions [min-max].
+    def ratios(rows, num, den, num_scale=1.0):
+        return [r[num]["tokens_per_s"] * num_scale / r[den]["tokens_per_s"] for r in rows]
+
+    def fmt(v):
+        return f"{statistics.median(v):.3f} [{min(v):.3f}-{max(v):.3f}]" if len(v) > 1 else f"{v[0]:.3f}"
+
     summary = {}
     for precision, rows in results.items():
         ts = med(rows, "trainstep", "tokens_per_s")
-        pw = ts / args.workers
         a = med(rows, "plain", "tokens_per_s")
         b = med(rows, "ddp", "tokens_per_s")
-        summary[precision] = {"trainstep": ts, "per_worker": pw, "plain": a, "ddp": b,
-                              "ratio_plain": pw / a, "ratio_ddp": ts / b}
+        rp = ratios(rows, "trainstep", "plain", 1.0 / args.workers)
+        rb = ratios(rows, "trainstep", "ddp")
+        sm = summary[precision] = {
+            "trainstep": ts, "per_worker": ts / args.workers, "plain": a, "ddp": b,
+            "ratio_plain": statistics.median(rp), "ratio_ddp": statistics.median(rb),
+            "ratio_plain_each": rp, "ratio_ddp_each": rb}
         for extra in ("plain_x2", "plain_glibc"):
             if extra in rows[0]:
-                summary[precision][extra] = med(rows, extra, "tokens_per_s")
-        print(f"| {precision} | {ts:.0f} | {pw:.0f} | {a:.0f} | {pw / a:.3f} "
-              f"{'ok' if pw / a >= 0.95 else 'MISSED'} | {b:.0f} | {ts / b:.3f} "
-              f"{'ok' if ts / b >= 1.2 else 'MISSED'} |")
+                sm[extra] = med(rows, extra, "tokens_per_s")
+                sm[extra + "_over_plain_each"] = ratios(rows, extra, "plain")
+        print(f"| {precision} | {ts:.0f} | {ts / args.workers:.0f} | {a:.0f} | {fmt(rp)} "
+              f"{'ok' if sm['ratio_plain'] >= 0.95 else 'MISSED'} | {b:.0f} | {fmt(rb)} "
+              f"{'ok' if sm['ratio_ddp'] >= 1.2 else 'MISSED'} |")
     for precision, sm in summary.items():
         if "plain_x2" in sm:
-            print(f"  {precision} diagnostic: (a)x2 {sm['plain_x2']:.0f} tok/s per copy = "
-                  f"{sm['plain_x2'] / sm['plain']:.3f} of (a); trainstep per worker = "
-                  f"{sm['per_worker'] / sm['plain_x2']:.3f} of (a)x2")
+            print(f"  {precision} diagnostic: (a)x2 {sm['plain_x2']:.0f} tok/s per copy, "
+                  f"{fmt(sm['plain_x2_over_plain_each'])} of (a)")
         if "plain_glibc" in sm:
             print(f"  {precision} diagnostic: (a) with glibc's default malloc {sm['plain_glibc']:.0f} "
-                  f"tok/s = {sm['plain_glibc'] / sm['plain']:.3f} of (a)")
+                  f"tok/s, {fmt(sm['plain_glibc_over_plain_each'])} of (a)")
     print()
     print("Where a window's time goes (seconds per window, medians over repetitions; trainstep "
           "phases from the workers' /metrics, averaged over both workers):")
