@@ -27,7 +27,10 @@ ABORTS=$(grep -c '"outcome":"abort"' "$LOG")
 FIRST_LOSS=$(grep '"outcome":"commit"' "$LOG" | head -1 | field loss)
 LAST_LOSS=$(grep '"outcome":"commit"' "$LOG" | tail -1 | field loss)
 TOKENS=$(tail -1 "$LOG" | field cumulative_tokens)
-LATEST=$(ls -d "$OUT"/checkpoints/ckpt-* 2>/dev/null | sort -t- -k2 -n | tail -1)
+# Checkpoint ids, numerically (ckpt-10 after ckpt-9).
+CKPT_IDS=$(ls -d "$OUT"/checkpoints/ckpt-* 2>/dev/null | sed 's/.*ckpt-//' | sort -n)
+LATEST=""
+[ -n "$CKPT_IDS" ] && LATEST="$OUT/checkpoints/ckpt-$(tail -1 <<<"$CKPT_IDS")"
 
 echo
 echo "================ trainstep demo summary ================"
@@ -35,7 +38,7 @@ printf "updates committed   %s (skipped %s, aborted %s)\n" "$COMMITS" "$SKIPS" "
 printf "tokens trained      %s\n" "$TOKENS"
 printf "loss                %.3f -> %.3f (token-weighted, per window)\n" "$FIRST_LOSS" "$LAST_LOSS"
 printf "per-update log      %s\n" "$LOG"
-printf "checkpoints         %s\n" "$(ls -d "$OUT"/checkpoints/ckpt-* 2>/dev/null | tr '\n' ' ')"
+printf "checkpoints         %s\n" "$(for i in $CKPT_IDS; do printf '%s ' "$OUT/checkpoints/ckpt-$i"; done)"
 printf "metrics (while up)  %s\n" "$(tr -d '\n' <"$OUT/endpoints.json")"
 printf "logs                %s/logs/\n" "$OUT"
 if [ -n "$LATEST" ]; then
