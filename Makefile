@@ -2,7 +2,8 @@
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?=
+# The worker is ON explicitly, so a build directory configured without it is corrected.
+CMAKE_FLAGS ?= -DTRAINSTEP_BUILD_WORKER=ON
 
 .PHONY: deps configure build test test-unit demo bench clean
 

@@ -93,6 +93,7 @@ wait_port() {
   return 1
 }
 
+rm -f "$OUT/coordinator.ports" "$OUT/endpoints.json"  # a reused DIR must not point at the last run
 "$BIN/trainstep-coordinator" --listen 127.0.0.1:0 --state-dir "$OUT/state" \
   --metrics-listen 127.0.0.1:0 --port-file "$OUT/coordinator.ports" \
   ${COORD_FLAGS[@]+"${COORD_FLAGS[@]}"} >"$OUT/logs/coordinator.log" 2>&1 &

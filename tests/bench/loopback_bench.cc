@@ -73,6 +73,36 @@ void BM_LoopbackWindow(benchmark::State& state) {
   state.counters["p50_ms"] = Percentile(latencies, 0.50) * 1e3;
   state.counters["p99_ms"] = Percentile(latencies, 0.99) * 1e3;
 }
+// The baseline of the same run: one client making two plain unary calls (ListJobs) in a
+// row — what a window costs a rank at the least (BeginWindow + CompleteWindow), with no
+// barrier, no other ranks and no journal.
+void BM_TwoUnaryCalls(benchmark::State& state) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("trainstep-bench-rpc-", getpid());
+  std::filesystem::remove_all(dir);
+  CoordinatorOptions options;
+  options.state_dir = dir.string();
+  std::unique_ptr<Coordinator> c = std::move(*Coordinator::Open(options));
+  std::unique_ptr<CoordinatorServer> s = std::move(*CoordinatorServer::Start(c.get(), "127.0.0.1:0"));
+  auto jobs = v1::JobService::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", s->port())));
+  std::vector<double> latencies;
+  for (auto _ : state) {
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < 2; ++i) {
+      grpc::ClientContext ctx;
+      v1::ListJobsResponse resp;
+      (void)jobs->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+    }
+    latencies.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  state.counters["p50_ms"] = Percentile(latencies, 0.50) * 1e3;
+  state.counters["p99_ms"] = Percentile(latencies, 0.99) * 1e3;
+  s.reset();
+  c.reset();
+  std::filesystem::remove_all(dir);
+}
+BENCHMARK(BM_TwoUnaryCalls)->Iterations(2000)->Unit(benchmark::kMicrosecond);
+
 BENCHMARK(BM_LoopbackWindow)
     ->Args({8, 500})
     ->Args({64, 100})

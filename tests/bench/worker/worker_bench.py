@@ -3,21 +3,25 @@
 single-process LibTorch loop and (b) PyTorch DDP (Gloo, no_sync), on the same tiny_gpt,
 windows and micro-batch shapes, in one run, interleaved per precision row.
 
-  tests/bench/worker/worker_bench.py [--build-dir build] [--windows 24] [--skip 5] ...
+  tests/bench/worker/worker_bench.py [--build-dir build] [--reps 3] [--windows 16] [--skip 5]
+                                     [--contention] [--plain-default-malloc]
 
 Expects `make build` (trainstep-coordinator, trainstep-worker, trainstep, and
 bench/plain_loop_bench). Every system gets one torch thread per process (OMP_NUM_THREADS=1
 for the trainstep workers, which set no thread count themselves; at::set_num_threads(1)
 in (a); torch.set_num_threads(1) in (b)) and the same glibc malloc settings (the worker's
-ConfigureMallocForTraining, worker/malloc_config.h: in the worker and in (a) by mallopt, in
-(b) by MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_). Steady state: tokens of windows skip+1..N over
-end_time_ms[N] - end_time_ms[skip], the same range for every system. Ratios:
+ConfigureMallocForTraining in worker/malloc_config.h: by mallopt in the worker and in (a),
+by MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ in (b)). Steady state: tokens of windows
+skip+1..N over end_time_ms[N] - end_time_ms[skip], the same range for every system.
+Each repetition runs the systems one after another in a rotated order; a measurement during
+which other processes took CPU is run again (--max-foreign-cores, --retries). Ratios, per
+repetition, then the median:
   per-worker = (trainstep total tokens/s / W) / (a)     aim ≥ 0.95
   vs DDP     =  trainstep total tokens/s / (b)          aim ≥ 1.2
 Diagnostics (not part of the ratios): the trainstep workers' phase times (their /metrics),
 their CPU use; with --contention, (a)x2 — two copies of (a) at once — which shows what
 sharing the machine's cores costs any two processes, protocol or not; with
---plain-default-malloc, (a) with glibc's default malloc settings.
+--plain-default-malloc, (a) with glibc's default malloc settings. See BENCHMARKS.md.
 """
 import argparse
 import ctypes
