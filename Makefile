@@ -10,9 +10,6 @@ CMAKE_FLAGS ?= -DTRAINSTEP_BUILD_WORKER=ON
 deps:
 	./scripts/install-deps.sh
 
-$(BUILD_DIR)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
-
 configure: deps
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
 
