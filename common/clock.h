@@ -42,8 +42,6 @@ class FakeClock : public Clock {
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
-inline int64_t ToUnixMillisInt(absl::Time t) { return absl::ToUnixMillis(t); }
-
 }  // namespace trainstep
 
 #endif  // TRAINSTEP_COMMON_CLOCK_H_

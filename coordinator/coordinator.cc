@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace trainstep {
@@ -284,7 +285,7 @@ absl::Time Coordinator::Tick() {
       absl::Status s = journal_->WriteSnapshot(registry_.Snapshot().SerializeAsString());
       if (!s.ok() && !journal_failed_.load()) {
         // A failed snapshot leaves the log intact; only a broken journal stops us (next Sync).
-        recovery_warnings_.push_back(absl::StrCat("snapshot failed: ", s.message()));
+        LogWarning(absl::StrCat("journal snapshot failed (the log is intact): ", s.message()));
       }
     }
     std::optional<absl::Time> deadline = registry_.NextDeadline();
