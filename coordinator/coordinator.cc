@@ -187,8 +187,9 @@ uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out)
     bool moved = false;
     for (const std::string& job_id : waiting_jobs) {
       absl::StatusOr<StepMachine*> m = registry_.Machine(job_id);
-      const uint64_t version = (m.ok() ? (*m)->version() : 0) * 1'000'003 + StoreOf(job_id).version();
-      uint64_t& seen = seen_versions_[job_id];
+      const std::pair<uint64_t, uint64_t> version = {m.ok() ? (*m)->version() : 0,
+                                                     StoreOf(job_id).version()};
+      std::pair<uint64_t, uint64_t>& seen = seen_versions_[job_id];
       if (version == seen) continue;
       seen = version;
       moved = true;

@@ -163,7 +163,8 @@ class Coordinator {
   JobRegistry registry_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, KvStore> stores_ ABSL_GUARDED_BY(mu_);
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint64_t> seen_versions_ ABSL_GUARDED_BY(mu_);
+  // (machine version, store version) of each job when its waiters were last polled.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> seen_versions_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   // The syncer: completions waiting for their records to be fsynced.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -927,8 +926,7 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
       a->set_state_source(v1::Assignment::CHECKPOINT);
       a->set_checkpoint_id(resume->checkpoint_id());
     } else {
-      *f->mutable_rollback_to() = checkpoints_.begin()->second;
-      f->mutable_rollback_to()->set_checkpoint_id(0);
+      *f->mutable_rollback_to() = checkpoints_.begin()->second;  // checkpoint 0: the initial state
       a->set_state_source(v1::Assignment::INIT);
     }
   }
@@ -938,14 +936,9 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   a->set_next_window_id((f->rolled_back() ? f->rollback_to().window_id() : last_window_) + 1);
   a->set_loss_scale(f->rolled_back() ? LossScaler(scaler_config_, f->rollback_to().scaler()).scale()
                                      : scaler_.scale());
-  if (CheckpointingEnabled()) {
-    // A checkpoint of this state that was requested but never acknowledged is written again.
-    for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
-      if (it->second.optimizer_update_id() == update_id) {
-        if (!it->second.durable()) a->set_pending_checkpoint_id(it->first);
-        break;
-      }
-    }
+  // A checkpoint of this state that was requested but never acknowledged is written again.
+  if (std::optional<int64_t> pending = PendingCheckpointFor(update_id)) {
+    a->set_pending_checkpoint_id(*pending);
   }
   Emit(std::move(record), now);
 }

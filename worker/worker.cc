@@ -29,10 +29,13 @@ bool Terminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
 }
 
-v1::WindowDecision Aborted(const std::string& why) {
+// A report refused as stale (ABORTED) means the window was aborted under this rank: the
+// same outcome as an ABORT decision. Other errors stay errors.
+absl::StatusOr<v1::WindowDecision> AbortedOrError(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kAborted) return s;
   v1::WindowDecision d;
   d.set_outcome(v1::ABORT);
-  d.set_reason(why);
+  d.set_reason(std::string(s.message()));
   return d;
 }
 
@@ -284,10 +287,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   begin.set_rank(a.rank());
   begin.set_valid_units(units);
   absl::StatusOr<v1::BeginWindowResponse> b = client_->BeginWindow(begin);
-  if (!b.ok()) {
-    if (b.status().code() == absl::StatusCode::kAborted) return Aborted(std::string(b.status().message()));
-    return b.status();
-  }
+  if (!b.ok()) return AbortedOrError(b.status());
   if (b->has_decision()) {  // ended at the barrier (nothing to train): nothing to undo
     replica_->ZeroGrad();
     return b->decision();
@@ -338,11 +338,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
   complete.set_allreduce_calls(reduced->calls);
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
-  if (!c.ok()) {
-    replica_->ZeroGrad();
-    if (c.status().code() == absl::StatusCode::kAborted) return Aborted(std::string(c.status().message()));
-    return c.status();
-  }
+  if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
   const v1::WindowDecision& d = c->decision();
   const absl::Time optimizer_start = absl::Now();
   if (d.outcome() == v1::COMMIT) {
@@ -379,6 +375,7 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
       return d.status();
     }
     if (d->outcome() == v1::ABORT) {
+      replica_->ZeroGrad();  // nothing of an aborted window is kept
       LogWarning(absl::StrCat("window ", window, " aborted (", d->reason(), "); rejoining"));
       return GenerationEnd::kRejoin;
     }
