@@ -12,9 +12,9 @@ namespace {
 constexpr double kWidth = 960;
 constexpr double kLeft = 86;  // room for the y tick labels
 constexpr double kRight = 24;
-constexpr double kHeader = 84;       // title, subtitle, legend of the marks
+constexpr double kHeader = 84;  // title, subtitle, legend of the marks
 constexpr double kPanelHeight = 170;
-constexpr double kPanelGap = 56;     // x tick labels below a panel, the next one's title
+constexpr double kPanelGap = 56;  // x tick labels below a panel, the next one's title
 constexpr double kFooter = 24;
 // Values beyond this are drawn at it: keeps spans and coordinates finite.
 constexpr double kClamp = 1e300;
@@ -33,11 +33,21 @@ std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         // Control characters are not allowed in XML 1.0 text.
         if (static_cast<unsigned char>(c) >= 0x20 || c == '\t' || c == '\n') out += c;
@@ -163,8 +173,8 @@ double Map(double v, Range r, double a, double b) {
 }
 
 void Line(std::string* svg, double x1, double y1, double x2, double y2, const std::string& attrs) {
-  absl::StrAppend(svg, "<line x1=\"", Num(x1), "\" y1=\"", Num(y1), "\" x2=\"", Num(x2),
-                  "\" y2=\"", Num(y2), "\" ", attrs, "/>\n");
+  absl::StrAppend(svg, "<line x1=\"", Num(x1), "\" y1=\"", Num(y1), "\" x2=\"", Num(x2), "\" y2=\"",
+                  Num(y2), "\" ", attrs, "/>\n");
 }
 
 void Text(std::string* svg, double x, double y, const std::string& attrs, const std::string& text) {
@@ -188,7 +198,8 @@ void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr
   }
   std::string title = p.title;
   if (undrawable > 0) {
-    absl::StrAppend(&title, "  (", undrawable, p.log2 ? " non-positive or non-finite" : " non-finite",
+    absl::StrAppend(&title, "  (", undrawable,
+                    p.log2 ? " non-positive or non-finite" : " non-finite",
                     undrawable == 1 ? " value" : " values", " not drawn)");
   }
   Text(svg, left, top - 10, "font-size=\"13\" font-weight=\"bold\" fill=\"#212529\"", title);
@@ -254,7 +265,8 @@ void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr
       if (run.empty()) continue;
       if (run.size() > 1) {
         std::string points;
-        for (const auto& [x, y] : run) absl::StrAppend(&points, points.empty() ? "" : " ", Num(x), ",", Num(y));
+        for (const auto& [x, y] : run)
+          absl::StrAppend(&points, points.empty() ? "" : " ", Num(x), ",", Num(y));
         absl::StrAppend(svg, "<polyline class=\"series\" fill=\"none\" stroke=\"", s.color,
                         "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"", points,
                         "\"/>\n");
@@ -276,8 +288,8 @@ void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr
          "font-size=\"12\" text-anchor=\"middle\" fill=\"#868e96\"", "no data");
   }
   absl::StrAppend(svg, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"",
-                  Num(right - left), "\" height=\"", Num(kPanelHeight), "\" fill=\"none\" stroke=\"",
-                  kAxisColor, "\"/>\n</g>\n");
+                  Num(right - left), "\" height=\"", Num(kPanelHeight),
+                  "\" fill=\"none\" stroke=\"", kAxisColor, "\"/>\n</g>\n");
 }
 
 }  // namespace
@@ -305,8 +317,8 @@ std::string RenderPlotSvg(const PlotInput& input) {
     const bool abort = r.outcome() != "skip";
     (abort ? aborts : skips)++;
     marks.push_back({id + 0.5, abort,
-                     absl::StrCat("window ", r.window_id(), " (generation ", r.generation(), "): ",
-                                  r.outcome(), r.reason().empty() ? "" : " ", r.reason(),
+                     absl::StrCat("window ", r.window_id(), " (generation ", r.generation(),
+                                  "): ", r.outcome(), r.reason().empty() ? "" : " ", r.reason(),
                                   " after update ", r.optimizer_update_id())});
     // A skip can change the scale (overflow backs it off); an abort changes nothing.
     if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
@@ -334,25 +346,26 @@ std::string RenderPlotSvg(const PlotInput& input) {
   }
 
   const double height = kHeader + panels.size() * (kPanelHeight + kPanelGap) + kFooter;
-  std::string svg = absl::StrCat(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", Num(kWidth), "\" height=\"",
-      Num(height), "\" viewBox=\"0 0 ", Num(kWidth), " ", Num(height),
-      "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
+  std::string svg =
+      absl::StrCat("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
+                   "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", Num(kWidth),
+                   "\" height=\"", Num(height), "\" viewBox=\"0 0 ", Num(kWidth), " ", Num(height),
+                   "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
   std::string title = input.job_id;
   if (!input.job_name.empty()) absl::StrAppend(&title, " \u2014 ", input.job_name);
   absl::StrAppend(&svg, "<title>", Escape(title), "</title>\n");
   absl::StrAppend(&svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
   Text(&svg, kLeft, 30, "font-size=\"18\" font-weight=\"bold\" fill=\"#212529\"", title);
-  std::string subtitle = absl::StrCat(input.records.size(),
-                                      input.records.size() == 1 ? " window: " : " windows: ", commits,
-                                      " committed, ", skips, " skipped, ", aborts, " aborted");
+  std::string subtitle = absl::StrCat(
+      input.records.size(), input.records.size() == 1 ? " window: " : " windows: ", commits,
+      " committed, ", skips, " skipped, ", aborts, " aborted");
   Text(&svg, kLeft, 52, "font-size=\"12\" fill=\"#495057\"", subtitle);
   // The legend of the marks.
   const double ly = 52;
   double lx = kWidth - kRight - 260;
-  for (const auto& [color, label] : {std::pair<const char*, const char*>{kSkipColor, "skipped window"},
-                                     {kAbortColor, "aborted window"}}) {
+  for (const auto& [color, label] :
+       {std::pair<const char*, const char*>{kSkipColor, "skipped window"},
+        {kAbortColor, "aborted window"}}) {
     Line(&svg, lx, ly - 12, lx, ly + 2,
          absl::StrCat("stroke=\"", color, "\" stroke-width=\"2\" stroke-opacity=\"0.8\""));
     Text(&svg, lx + 7, ly, "font-size=\"12\" fill=\"#495057\"", label);

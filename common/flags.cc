@@ -25,8 +25,7 @@ std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::vector<c
 }
 
 void ConfigureUsage(const std::string& usage) {
-  absl::SetProgramUsageMessage(
-      usage + "\nFlags may be written --like-this or --like_this.");
+  absl::SetProgramUsageMessage(usage + "\nFlags may be written --like-this or --like_this.");
   absl::FlagsUsageConfig config;
   auto ours = [](absl::string_view file) { return absl::EndsWith(file, "main.cc"); };
   config.contains_helpshort_flags = ours;

@@ -4,6 +4,7 @@
 #define TRAINSTEP_COMMON_LOG_H_
 
 #include <string>
+
 #include "absl/strings/string_view.h"
 
 namespace trainstep {

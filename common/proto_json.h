@@ -3,9 +3,9 @@
 #ifndef TRAINSTEP_COMMON_PROTO_JSON_H_
 #define TRAINSTEP_COMMON_PROTO_JSON_H_
 
-#include <string>
-
 #include <google/protobuf/message.h>
+
+#include <string>
 
 namespace trainstep {
 

@@ -8,9 +8,9 @@
 #define TRAINSTEP_CONCAT_INNER_(a, b) a##b
 #define TRAINSTEP_CONCAT_(a, b) TRAINSTEP_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                        \
-  do {                                               \
-    ::absl::Status _trainstep_status = (expr);       \
+#define RETURN_IF_ERROR(expr)                              \
+  do {                                                     \
+    ::absl::Status _trainstep_status = (expr);             \
     if (!_trainstep_status.ok()) return _trainstep_status; \
   } while (0)
 

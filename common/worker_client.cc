@@ -25,8 +25,7 @@ constexpr char kServiceConfig[] = R"({
 })";
 
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
-  return std::chrono::system_clock::now() +
-         std::chrono::microseconds(absl::ToInt64Microseconds(d));
+  return std::chrono::system_clock::now() + std::chrono::microseconds(absl::ToInt64Microseconds(d));
 }
 
 }  // namespace
@@ -76,9 +75,9 @@ absl::StatusOr<Resp> WorkerClient::CallWaiting(Method method, const Req& req,
                        code == absl::StatusCode::kCancelled;
     if (!retry) return r;
     if (absl::Now() >= give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no answer from the coordinator within ", absl::FormatDuration(total), ": ",
-          r.status().message()));
+      return absl::DeadlineExceededError(absl::StrCat("no answer from the coordinator within ",
+                                                      absl::FormatDuration(total), ": ",
+                                                      r.status().message()));
     }
     if (options_.keep_waiting && !options_.keep_waiting()) return r;
     if (code != absl::StatusCode::kDeadlineExceeded) {
@@ -95,8 +94,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerClient::RegisterWorker(
 }
 
 absl::StatusOr<v1::HeartbeatResponse> WorkerClient::Heartbeat(const v1::HeartbeatRequest& req) {
-  return Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(&v1::WorkerService::Stub::Heartbeat,
-                                                           req, options_.rpc_timeout);
+  return Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(&v1::WorkerService::Stub::Heartbeat, req,
+                                                           options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::BeginWindowResponse> WorkerClient::BeginWindow(

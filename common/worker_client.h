@@ -23,9 +23,9 @@ namespace trainstep {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 struct WorkerClientOptions {
-  absl::Duration rpc_timeout = absl::Seconds(10);      // unary calls that never wait
-  absl::Duration barrier_poll = absl::Seconds(30);     // one barrier call's deadline; then re-sent
-  absl::Duration give_up_after = absl::Minutes(30);    // a barrier or store wait never answered
+  absl::Duration rpc_timeout = absl::Seconds(10);    // unary calls that never wait
+  absl::Duration barrier_poll = absl::Seconds(30);   // one barrier call's deadline; then re-sent
+  absl::Duration give_up_after = absl::Minutes(30);  // a barrier or store wait never answered
   absl::Duration max_backoff = absl::Seconds(2);
   // Asked between retries of a barrier; returning false stops waiting (e.g. the job ended).
   std::function<bool()> keep_waiting;
@@ -42,13 +42,16 @@ class WorkerClient {
   absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
 
-  absl::Status StoreSet(const std::string& job_id, const std::string& key, const std::string& value);
+  absl::Status StoreSet(const std::string& job_id, const std::string& key,
+                        const std::string& value);
   // Waits up to `timeout` for the key.
   absl::StatusOr<std::string> StoreGet(const std::string& job_id, const std::string& key,
                                        absl::Duration timeout);
-  absl::StatusOr<int64_t> StoreAdd(const std::string& job_id, const std::string& key, int64_t delta);
+  absl::StatusOr<int64_t> StoreAdd(const std::string& job_id, const std::string& key,
+                                   int64_t delta);
   absl::StatusOr<std::string> StoreCompareSet(const std::string& job_id, const std::string& key,
-                                              const std::string& expected, const std::string& desired);
+                                              const std::string& expected,
+                                              const std::string& desired);
   absl::StatusOr<bool> StoreCheck(const std::string& job_id, const std::vector<std::string>& keys);
   absl::Status StoreWait(const std::string& job_id, const std::vector<std::string>& keys,
                          absl::Duration timeout);

@@ -39,8 +39,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
   CoordinatorMetrics* metrics = c->options_.metrics;
   if (metrics != nullptr) jopts.on_fsync = [metrics](double s) { metrics->OnJournalFsync(s); };
   RecoveredJournal recovered;
-  ASSIGN_OR_RETURN(c->journal_, Journal::Open(c->options_.env, c->options_.state_dir, jopts,
-                                              &recovered));
+  ASSIGN_OR_RETURN(c->journal_,
+                   Journal::Open(c->options_.env, c->options_.state_dir, jopts, &recovered));
   c->recovery_warnings_ = recovered.warnings;
   const absl::Time now = c->options_.clock->Now();
   {
@@ -109,19 +109,19 @@ bool Coordinator::healthy() const { return !journal_failed_.load(); }
 template <typename Resp>
 Coordinator::Completion Coordinator::Complete(absl::StatusOr<Answer<Resp>> answer,
                                               Done<Resp> done) {
-  return Completion([answer = std::move(answer),
-                     done = std::move(done)](const absl::Status& durability) mutable {
-    if (!durability.ok()) {
-      done(absl::UnavailableError(absl::StrCat(
-          "the coordinator cannot persist its state and is stopping: ", durability.message())));
-      return;
-    }
-    if (!answer.ok()) {
-      done(answer.status());
-      return;
-    }
-    done(std::move(answer->response));
-  });
+  return Completion(
+      [answer = std::move(answer), done = std::move(done)](const absl::Status& durability) mutable {
+        if (!durability.ok()) {
+          done(absl::UnavailableError(absl::StrCat(
+              "the coordinator cannot persist its state and is stopping: ", durability.message())));
+          return;
+        }
+        if (!answer.ok()) {
+          done(answer.status());
+          return;
+        }
+        done(std::move(answer->response));
+      });
 }
 
 template <typename Resp>
@@ -135,7 +135,8 @@ void Coordinator::Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> don
       completions.push_back(Complete<Resp>(ShuttingDown(), std::move(done)));
     } else {
       const absl::Time now = options_.clock->Now();
-      // After Shutdown, a waiter is polled once more with an infinite `now`: it answers UNAVAILABLE.
+      // After Shutdown, a waiter is polled once more with an infinite `now`: it answers
+      // UNAVAILABLE.
       auto waiter_poll = [poll = std::move(poll),
                           done = std::move(done)](absl::Time at) -> std::optional<Completion> {
         if (at == absl::InfiniteFuture()) return Complete<Resp>(ShuttingDown(), done);
@@ -167,8 +168,8 @@ uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out)
         StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
       }
       if (record.has_job_ended()) stores_.erase(record.job_ended().job_id());
-      job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
-                            record.has_generation_formed();
+      job_states_changed |=
+          record.has_job_submitted() || record.has_job_ended() || record.has_generation_formed();
       if (options_.metrics != nullptr) {
         const std::string job_id = JobIdOf(record);
         absl::StatusOr<v1::Job> job = registry_.Get(job_id);
@@ -299,78 +300,97 @@ absl::Time Coordinator::Tick() {
 // --- JobService ---
 
 void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done) {
-  Run<v1::Job>("", [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-    ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now));
-    return Ready(std::move(job));
-  }, std::move(done), nullptr);
+  Run<v1::Job>(
+      "",
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now));
+        return Ready(std::move(job));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
-  Run<v1::Job>("", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::Job>> {
-    ASSIGN_OR_RETURN(v1::Job job, registry_.Get(req.job_id()));
-    return Ready(std::move(job));
-  }, std::move(done), nullptr);
+  Run<v1::Job>(
+      "",
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::Job>> {
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Get(req.job_id()));
+        return Ready(std::move(job));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::ListJobs(Done<v1::ListJobsResponse> done) {
-  Run<v1::ListJobsResponse>("", [this](absl::Time) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
-    v1::ListJobsResponse resp;
-    for (v1::Job& j : registry_.List()) *resp.add_jobs() = std::move(j);
-    return Ready(std::move(resp));
-  }, std::move(done), nullptr);
+  Run<v1::ListJobsResponse>(
+      "",
+      [this](absl::Time) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
+        v1::ListJobsResponse resp;
+        for (v1::Job& j : registry_.List()) *resp.add_jobs() = std::move(j);
+        return Ready(std::move(resp));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done) {
-  Run<v1::Job>(req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-    ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req.job_id(), now));
-    return Ready(std::move(job));
-  }, std::move(done), nullptr);
+  Run<v1::Job>(
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req.job_id(), now));
+        return Ready(std::move(job));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::ListUpdates(const v1::ListUpdatesRequest& req,
                               Done<v1::ListUpdatesResponse> done) {
   Run<v1::ListUpdatesResponse>(
-      "", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListUpdatesResponse>> {
+      "",
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListUpdatesResponse>> {
         ASSIGN_OR_RETURN(v1::ListUpdatesResponse resp, registry_.ListUpdates(req));
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::ListWorkers(const v1::ListWorkersRequest& req,
                               Done<v1::ListWorkersResponse> done) {
   Run<v1::ListWorkersResponse>(
-      "", [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
+      "",
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
         if (!req.job_id().empty()) RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
         v1::ListWorkersResponse resp;
         for (v1::WorkerInfo& w : registry_.ListWorkers(req.job_id())) {
           *resp.add_workers() = std::move(w);
         }
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
                            Done<WatchBatch> done, std::shared_ptr<CallHandle> handle) {
-  Run<WatchBatch>(job_id, [this, job_id, cursor](absl::Time) -> absl::StatusOr<Answer<WatchBatch>> {
-    ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(job_id));
-    WatchBatch b;
-    b.cursor = cursor;
-    v1::Job job = m->Job();
-    std::string serialized = job.SerializeAsString();
-    if (serialized != cursor.last_job_state) {
-      b.job = std::move(job);
-      b.cursor.last_job_state = std::move(serialized);
-    }
-    const std::vector<v1::UpdateRecord>& updates = m->updates();
-    const size_t end = std::min(updates.size(), cursor.next_update + kWatchBatchLimit);
-    for (size_t i = cursor.next_update; i < end; ++i) b.updates.push_back(updates[i]);
-    b.cursor.next_update = std::max(cursor.next_update, end);
-    b.end = m->terminal() && b.cursor.next_update >= updates.size();
-    Answer<WatchBatch> a;
-    a.ready = b.job.has_value() || !b.updates.empty() || b.end;
-    a.response = std::move(b);
-    return a;
-  }, std::move(done), std::move(handle));
+  Run<WatchBatch>(
+      job_id,
+      [this, job_id, cursor](absl::Time) -> absl::StatusOr<Answer<WatchBatch>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(job_id));
+        WatchBatch b;
+        b.cursor = cursor;
+        v1::Job job = m->Job();
+        std::string serialized = job.SerializeAsString();
+        if (serialized != cursor.last_job_state) {
+          b.job = std::move(job);
+          b.cursor.last_job_state = std::move(serialized);
+        }
+        const std::vector<v1::UpdateRecord>& updates = m->updates();
+        const size_t end = std::min(updates.size(), cursor.next_update + kWatchBatchLimit);
+        for (size_t i = cursor.next_update; i < end; ++i) b.updates.push_back(updates[i]);
+        b.cursor.next_update = std::max(cursor.next_update, end);
+        b.end = m->terminal() && b.cursor.next_update >= updates.size();
+        Answer<WatchBatch> a;
+        a.ready = b.job.has_value() || !b.updates.empty() || b.end;
+        a.response = std::move(b);
+        return a;
+      },
+      std::move(done), std::move(handle));
 }
 
 // --- WorkerService ---
@@ -378,23 +398,26 @@ void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
 void Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req,
                                  Done<v1::RegisterWorkerResponse> done) {
   Run<v1::RegisterWorkerResponse>(
-      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::RegisterWorkerResponse>> {
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::RegisterWorkerResponse>> {
         ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp, registry_.RegisterWorker(req, now));
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatResponse> done) {
   Run<v1::HeartbeatResponse>(
-      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, m->Heartbeat(req, now));
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
-void Coordinator::BeginWindow(const v1::BeginWindowRequest& req,
-                              Done<v1::BeginWindowResponse> done,
+void Coordinator::BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginWindowResponse> done,
                               std::shared_ptr<CallHandle> handle) {
   const absl::Time arrived = options_.clock->Now();
   Run<v1::BeginWindowResponse>(
@@ -404,13 +427,15 @@ void Coordinator::BeginWindow(const v1::BeginWindowRequest& req,
         absl::StatusOr<Answer<v1::BeginWindowResponse>> a = m->BeginWindow(req, now);
         if (options_.metrics != nullptr) {
           if (!a.ok()) {
-            options_.metrics->OnRejected("BeginWindow", absl::StatusCodeToString(a.status().code()));
+            options_.metrics->OnRejected("BeginWindow",
+                                         absl::StatusCodeToString(a.status().code()));
           } else if (a->ready) {
             options_.metrics->OnBarrierWait("begin", absl::ToDoubleSeconds(now - arrived));
           }
         }
         return a;
-      }, std::move(done), std::move(handle));
+      },
+      std::move(done), std::move(handle));
 }
 
 void Coordinator::CompleteWindow(const v1::CompleteWindowRequest& req,
@@ -431,114 +456,139 @@ void Coordinator::CompleteWindow(const v1::CompleteWindowRequest& req,
           }
         }
         return a;
-      }, std::move(done), std::move(handle));
+      },
+      std::move(done), std::move(handle));
 }
 
 void Coordinator::AckCheckpoint(const v1::AckCheckpointRequest& req,
                                 Done<v1::AckCheckpointResponse> done) {
   Run<v1::AckCheckpointResponse>(
-      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::AckCheckpointResponse>> {
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::AckCheckpointResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         RETURN_IF_ERROR(m->AckCheckpoint(req, now));
         return Ready(v1::AckCheckpointResponse());
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::ReportFailure(const v1::ReportFailureRequest& req,
                                 Done<v1::ReportFailureResponse> done) {
   Run<v1::ReportFailureResponse>(
-      req.job_id(), [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportFailureResponse>> {
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportFailureResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         RETURN_IF_ERROR(m->ReportFailure(req, now));
         return Ready(v1::ReportFailureResponse());
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 // --- Store ---
 
 void Coordinator::StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done) {
-  Run<v1::StoreSetResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreSetResponse>> {
-    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-    StoreOf(req.job_id()).Set(req.key(), req.value());
-    return Ready(v1::StoreSetResponse());
-  }, std::move(done), nullptr);
+  Run<v1::StoreSetResponse>(
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreSetResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        StoreOf(req.job_id()).Set(req.key(), req.value());
+        return Ready(v1::StoreSetResponse());
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
                            std::shared_ptr<CallHandle> handle) {
-  Run<v1::StoreGetResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
-    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-    Answer<v1::StoreGetResponse> a;
-    std::optional<std::string> value = StoreOf(req.job_id()).Get(req.key());
-    if (value.has_value()) {
-      a.ready = true;
-      a.response.set_value(std::move(*value));
-    }
-    return a;
-  }, std::move(done), std::move(handle));
+  Run<v1::StoreGetResponse>(
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        Answer<v1::StoreGetResponse> a;
+        std::optional<std::string> value = StoreOf(req.job_id()).Get(req.key());
+        if (value.has_value()) {
+          a.ready = true;
+          a.response.set_value(std::move(*value));
+        }
+        return a;
+      },
+      std::move(done), std::move(handle));
 }
 
 void Coordinator::StoreAdd(const v1::StoreAddRequest& req, Done<v1::StoreAddResponse> done) {
-  Run<v1::StoreAddResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreAddResponse>> {
-    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-    ASSIGN_OR_RETURN(int64_t value, StoreOf(req.job_id()).Add(req.key(), req.delta()));
-    v1::StoreAddResponse resp;
-    resp.set_value(value);
-    return Ready(std::move(resp));
-  }, std::move(done), nullptr);
+  Run<v1::StoreAddResponse>(
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreAddResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        ASSIGN_OR_RETURN(int64_t value, StoreOf(req.job_id()).Add(req.key(), req.delta()));
+        v1::StoreAddResponse resp;
+        resp.set_value(value);
+        return Ready(std::move(resp));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::StoreCompareSet(const v1::StoreCompareSetRequest& req,
                                   Done<v1::StoreCompareSetResponse> done) {
   Run<v1::StoreCompareSetResponse>(
-      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCompareSetResponse>> {
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCompareSetResponse>> {
         RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
         v1::StoreCompareSetResponse resp;
         resp.set_value(StoreOf(req.job_id()).CompareSet(req.key(), req.expected(), req.desired()));
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::StoreCheck(const v1::StoreCheckRequest& req, Done<v1::StoreCheckResponse> done) {
-  Run<v1::StoreCheckResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCheckResponse>> {
-    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-    v1::StoreCheckResponse resp;
-    resp.set_all_present(
-        StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()}));
-    return Ready(std::move(resp));
-  }, std::move(done), nullptr);
+  Run<v1::StoreCheckResponse>(
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCheckResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        v1::StoreCheckResponse resp;
+        resp.set_all_present(StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()}));
+        return Ready(std::move(resp));
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitResponse> done,
                             std::shared_ptr<CallHandle> handle) {
-  Run<v1::StoreWaitResponse>(req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
-    RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-    Answer<v1::StoreWaitResponse> a;
-    a.ready = StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()});
-    return a;
-  }, std::move(done), std::move(handle));
+  Run<v1::StoreWaitResponse>(
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
+        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+        Answer<v1::StoreWaitResponse> a;
+        a.ready = StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()});
+        return a;
+      },
+      std::move(done), std::move(handle));
 }
 
 void Coordinator::StoreDeleteKey(const v1::StoreDeleteKeyRequest& req,
                                  Done<v1::StoreDeleteKeyResponse> done) {
   Run<v1::StoreDeleteKeyResponse>(
-      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreDeleteKeyResponse>> {
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreDeleteKeyResponse>> {
         RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
         v1::StoreDeleteKeyResponse resp;
         resp.set_deleted(StoreOf(req.job_id()).Delete(req.key()));
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 void Coordinator::StoreNumKeys(const v1::StoreNumKeysRequest& req,
                                Done<v1::StoreNumKeysResponse> done) {
   Run<v1::StoreNumKeysResponse>(
-      req.job_id(), [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreNumKeysResponse>> {
+      req.job_id(),
+      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreNumKeysResponse>> {
         RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
         v1::StoreNumKeysResponse resp;
         resp.set_num_keys(StoreOf(req.job_id()).size());
         return Ready(std::move(resp));
-      }, std::move(done), nullptr);
+      },
+      std::move(done), nullptr);
 }
 
 }  // namespace trainstep

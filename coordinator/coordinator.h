@@ -55,8 +55,8 @@ struct WatchCursor {
 struct WatchBatch {
   std::optional<v1::Job> job;  // set when the job changed since the cursor
   std::vector<v1::UpdateRecord> updates;
-  WatchCursor cursor;          // to pass to the next WatchJob call
-  bool end = false;            // the job ended and everything was sent
+  WatchCursor cursor;  // to pass to the next WatchJob call
+  bool end = false;    // the job ended and everything was sent
 };
 
 struct CoordinatorOptions {

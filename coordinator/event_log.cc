@@ -27,24 +27,23 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
       LogInfo(absl::StrCat("job ", job.job_id(), " (", job.name(), ") submitted"));
       break;
     case v1::JournalRecord::kJobEnded:
-      LogInfo(absl::StrCat("job ", job.job_id(), " ended: ",
-                           v1::JobState_Name(record.job_ended().state()),
-                           record.job_ended().message().empty() ? "" : ": ",
-                           record.job_ended().message()));
+      LogInfo(absl::StrCat(
+          "job ", job.job_id(), " ended: ", v1::JobState_Name(record.job_ended().state()),
+          record.job_ended().message().empty() ? "" : ": ", record.job_ended().message()));
       break;
     case v1::JournalRecord::kGenerationFormed: {
       const v1::GenerationFormed& f = record.generation_formed();
-      LogInfo(absl::StrCat("job ", job.job_id(), " generation ", f.generation(), " formed: ",
-                           f.worker_ids_size(), " ranks, state from ",
-                           v1::Assignment::StateSource_Name(f.assignment().state_source()),
-                           f.rolled_back() ? " (rolled back to checkpoint " : "",
-                           f.rolled_back() ? absl::StrCat(f.rollback_to().checkpoint_id(), ")")
-                                           : ""));
+      LogInfo(absl::StrCat(
+          "job ", job.job_id(), " generation ", f.generation(), " formed: ", f.worker_ids_size(),
+          " ranks, state from ", v1::Assignment::StateSource_Name(f.assignment().state_source()),
+          f.rolled_back() ? " (rolled back to checkpoint " : "",
+          f.rolled_back() ? absl::StrCat(f.rollback_to().checkpoint_id(), ")") : ""));
       break;
     }
     case v1::JournalRecord::kWorkerLost:
-      LogWarning(absl::StrCat("job ", job.job_id(), " lost worker ", record.worker_lost().worker_id(),
-                              ": ", record.worker_lost().reason()));
+      LogWarning(absl::StrCat("job ", job.job_id(), " lost worker ",
+                              record.worker_lost().worker_id(), ": ",
+                              record.worker_lost().reason()));
       break;
     case v1::JournalRecord::kCheckpointDurable:
       LogInfo(absl::StrCat("job ", job.job_id(), " checkpoint ",

@@ -126,11 +126,10 @@ absl::StatusOr<v1::ListUpdatesResponse> JobRegistry::ListUpdates(
   if (req.page_size() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("page_size must be ≥ 0, got ", req.page_size()));
   }
-  const int32_t size = req.page_size() == 0 ? kDefaultPageSize
-                                            : std::min(req.page_size(), kMaxPageSize);
+  const int32_t size =
+      req.page_size() == 0 ? kDefaultPageSize : std::min(req.page_size(), kMaxPageSize);
   int64_t start = 0;
-  if (!req.page_token().empty() &&
-      (!absl::SimpleAtoi(req.page_token(), &start) || start < 0)) {
+  if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &start) || start < 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_token \"", req.page_token(), "\" is not one this server issued"));
   }

@@ -12,7 +12,9 @@ namespace {
 class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  public:
   WatchReactor(Coordinator* c, const v1::WatchJobRequest& req)
-      : c_(c), job_id_(req.job_id()), from_window_(req.from_window_id()),
+      : c_(c),
+        job_id_(req.job_id()),
+        from_window_(req.from_window_id()),
         handle_(std::make_shared<CallHandle>()) {
     Fetch();
   }
@@ -39,8 +41,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  private:
   // The last thing its callers do: the answer may arrive inline and end the call.
   void Fetch() {
-    c_->WatchJob(job_id_, cursor_, [this](absl::StatusOr<WatchBatch> batch) { OnBatch(batch); },
-                 handle_);
+    c_->WatchJob(
+        job_id_, cursor_, [this](absl::StatusOr<WatchBatch> batch) { OnBatch(batch); }, handle_);
   }
 
   void OnBatch(absl::StatusOr<WatchBatch>& batch) {

@@ -22,8 +22,7 @@ class KvStore {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   // c10d compareSet(): sets `desired` if the current value is `expected` (or the key is
   // missing and `expected` is empty); returns the value now stored.
-  std::string CompareSet(const std::string& key, const std::string& expected,
-                         std::string desired);
+  std::string CompareSet(const std::string& key, const std::string& expected, std::string desired);
   bool HasAll(const std::vector<std::string>& keys) const;
   bool Delete(const std::string& key);
   int64_t size() const { return static_cast<int64_t>(values_.size()); }

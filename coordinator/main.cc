@@ -114,11 +114,11 @@ int Main(int argc, char** argv) {
   const int port = server->port();
   const std::string host = listen.substr(0, listen.rfind(':'));
   const int metrics_port = prometheus ? prometheus->port() : 0;
-  LogInfo(absl::StrCat("trainstep-coordinator listening on ", host, ":", port, " (state in ",
-                       options.state_dir, ")",
-                       prometheus ? absl::StrCat(", metrics on http://", prometheus->host(), ":",
-                                                 metrics_port, "/metrics")
-                                  : ""));
+  LogInfo(absl::StrCat(
+      "trainstep-coordinator listening on ", host, ":", port, " (state in ", options.state_dir, ")",
+      prometheus
+          ? absl::StrCat(", metrics on http://", prometheus->host(), ":", metrics_port, "/metrics")
+          : ""));
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     const std::string path = absl::GetFlag(FLAGS_port_file);
     const std::string tmp = path + ".tmp";

@@ -20,7 +20,7 @@ struct WorkerEntry {
   v1::WorkerInfo info;
   std::string request_id;
   bool dataset_accepted = false;
-  absl::Time lease_expiry;         // ephemeral: not journaled, reset on recovery
+  absl::Time lease_expiry;  // ephemeral: not journaled, reset on recovery
   // Ephemeral: the newest optimizer update this worker's replica is known to hold (from its
   // heartbeats and window reports); -1 until it says. Only holders of the job's current
   // update may seed a new generation.
@@ -65,7 +65,8 @@ class Membership {
   std::vector<std::string> Survivors() const;
   // Live workers with an accepted dataset that are not survivors, in registration order.
   std::vector<std::string> Standbys() const;
-  int32_t RankOf(const std::string& worker_id) const;  // -1 unless a member of the current generation
+  int32_t RankOf(
+      const std::string& worker_id) const;  // -1 unless a member of the current generation
 
   std::vector<v1::WorkerSnapshot> Snapshot() const;
   void Restore(const std::vector<v1::WorkerSnapshot>& workers, const v1::GenerationFormed& current,
@@ -75,7 +76,7 @@ class Membership {
   WorkerEntry* FindMutable(const std::string& worker_id);
 
   std::vector<std::string> order_;
-  std::vector<WorkerEntry> entries_;                  // parallel to order_
+  std::vector<WorkerEntry> entries_;                   // parallel to order_
   absl::flat_hash_map<std::string, size_t> index_;     // worker id -> position in order_
   absl::flat_hash_map<std::string, int32_t> rank_of_;  // members_ inverted
   int64_t generation_ = 0;

@@ -4,9 +4,9 @@
 #define TRAINSTEP_COORDINATOR_METRICS_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/types.pb.h"
 

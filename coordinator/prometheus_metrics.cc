@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 
 #ifndef TRAINSTEP_VERSION
 #define TRAINSTEP_VERSION "dev"
@@ -38,55 +38,89 @@ void SetFinite(prometheus::Gauge& g, double v) {
 
 PrometheusMetrics::PrometheusMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      updates_(BuildCounter().Name("trainstep_optimizer_updates_total")
-                   .Help("Committed optimizer updates").Register(*registry_)),
-      skipped_(BuildCounter().Name("trainstep_windows_skipped_total")
-                   .Help("Windows that ended without an update, by reason").Register(*registry_)),
-      aborted_(BuildCounter().Name("trainstep_windows_aborted_total")
+      updates_(BuildCounter()
+                   .Name("trainstep_optimizer_updates_total")
+                   .Help("Committed optimizer updates")
+                   .Register(*registry_)),
+      skipped_(BuildCounter()
+                   .Name("trainstep_windows_skipped_total")
+                   .Help("Windows that ended without an update, by reason")
+                   .Register(*registry_)),
+      aborted_(BuildCounter()
+                   .Name("trainstep_windows_aborted_total")
                    .Help("Windows aborted and retried in a new generation, by reason")
                    .Register(*registry_)),
-      tokens_(BuildCounter().Name("trainstep_tokens_total")
-                  .Help("Valid tokens (or samples) of committed windows").Register(*registry_)),
-      rejected_(BuildCounter().Name("trainstep_stale_requests_rejected_total")
+      tokens_(BuildCounter()
+                  .Name("trainstep_tokens_total")
+                  .Help("Valid tokens (or samples) of committed windows")
+                  .Register(*registry_)),
+      rejected_(BuildCounter()
+                    .Name("trainstep_stale_requests_rejected_total")
                     .Help("Worker calls refused as stale or out of protocol, by rpc and code")
                     .Register(*registry_)),
-      loss_scale_(BuildGauge().Name("trainstep_loss_scale")
+      loss_scale_(BuildGauge()
+                      .Name("trainstep_loss_scale")
                       .Help("Loss scale in force after the last window (1 without a scaler)")
                       .Register(*registry_)),
-      learning_rate_(BuildGauge().Name("trainstep_learning_rate")
-                         .Help("Base learning rate of the last window").Register(*registry_)),
-      update_tokens_(BuildGauge().Name("trainstep_update_tokens")
-                         .Help("Valid tokens of the last window (N)").Register(*registry_)),
-      loss_(BuildGauge().Name("trainstep_loss")
-                .Help("Token-weighted loss of the last committed window").Register(*registry_)),
-      grad_norm_(BuildGauge().Name("trainstep_grad_norm")
+      learning_rate_(BuildGauge()
+                         .Name("trainstep_learning_rate")
+                         .Help("Base learning rate of the last window")
+                         .Register(*registry_)),
+      update_tokens_(BuildGauge()
+                         .Name("trainstep_update_tokens")
+                         .Help("Valid tokens of the last window (N)")
+                         .Register(*registry_)),
+      loss_(BuildGauge()
+                .Name("trainstep_loss")
+                .Help("Token-weighted loss of the last committed window")
+                .Register(*registry_)),
+      grad_norm_(BuildGauge()
+                     .Name("trainstep_grad_norm")
                      .Help("Global L2 gradient norm of the last committed window")
                      .Register(*registry_)),
-      workers_(BuildGauge().Name("trainstep_workers").Help("Workers by state")
-                   .Register(*registry_)),
-      world_size_(BuildGauge().Name("trainstep_world_size")
-                      .Help("Ranks of the current generation").Register(*registry_)),
-      generation_(BuildGauge().Name("trainstep_generation")
-                      .Help("Current membership generation").Register(*registry_)),
-      checkpoint_id_(BuildGauge().Name("trainstep_checkpoint_id")
-                         .Help("Latest durable checkpoint id (-1 none)").Register(*registry_)),
-      last_commit_(BuildGauge().Name("trainstep_last_commit_timestamp_seconds")
-                       .Help("Unix time of the last committed update").Register(*registry_)),
+      workers_(
+          BuildGauge().Name("trainstep_workers").Help("Workers by state").Register(*registry_)),
+      world_size_(BuildGauge()
+                      .Name("trainstep_world_size")
+                      .Help("Ranks of the current generation")
+                      .Register(*registry_)),
+      generation_(BuildGauge()
+                      .Name("trainstep_generation")
+                      .Help("Current membership generation")
+                      .Register(*registry_)),
+      checkpoint_id_(BuildGauge()
+                         .Name("trainstep_checkpoint_id")
+                         .Help("Latest durable checkpoint id (-1 none)")
+                         .Register(*registry_)),
+      last_commit_(BuildGauge()
+                       .Name("trainstep_last_commit_timestamp_seconds")
+                       .Help("Unix time of the last committed update")
+                       .Register(*registry_)),
       jobs_(BuildGauge().Name("trainstep_jobs").Help("Jobs by state").Register(*registry_)),
-      job_state_(BuildGauge().Name("trainstep_job_state")
+      job_state_(BuildGauge()
+                     .Name("trainstep_job_state")
                      .Help("1 for the job's current state, 0 for the others")
                      .Register(*registry_)),
-      job_start_(BuildGauge().Name("trainstep_job_start_timestamp_seconds")
-                     .Help("Unix time the job started running").Register(*registry_)),
-      build_info_(BuildGauge().Name("trainstep_build_info")
-                      .Help("Build information (value 1)").Register(*registry_)),
-      window_duration_(BuildHistogram().Name("trainstep_window_duration_seconds")
-                           .Help("First report to decision, per window").Register(*registry_)),
-      barrier_wait_(BuildHistogram().Name("trainstep_barrier_wait_seconds")
+      job_start_(BuildGauge()
+                     .Name("trainstep_job_start_timestamp_seconds")
+                     .Help("Unix time the job started running")
+                     .Register(*registry_)),
+      build_info_(BuildGauge()
+                      .Name("trainstep_build_info")
+                      .Help("Build information (value 1)")
+                      .Register(*registry_)),
+      window_duration_(BuildHistogram()
+                           .Name("trainstep_window_duration_seconds")
+                           .Help("First report to decision, per window")
+                           .Register(*registry_)),
+      barrier_wait_(BuildHistogram()
+                        .Name("trainstep_barrier_wait_seconds")
                         .Help("Time a rank's barrier call waited for the others")
                         .Register(*registry_)),
-      fsync_(BuildHistogram().Name("trainstep_journal_fsync_seconds")
-                 .Help("Journal group-commit write+fsync latency").Register(*registry_)) {
+      fsync_(BuildHistogram()
+                 .Name("trainstep_journal_fsync_seconds")
+                 .Help("Journal group-commit write+fsync latency")
+                 .Register(*registry_)) {
   build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "coordinator"}}).Set(1);
 }
 
@@ -119,8 +153,10 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
   const Labels l = {{"training_job", job_id}};
   updates_.Add(l);
   tokens_.Add(l);
-  for (const char* reason : kSkipReasons) skipped_.Add({{"training_job", job_id}, {"reason", reason}});
-  for (const char* reason : kAbortReasons) aborted_.Add({{"training_job", job_id}, {"reason", reason}});
+  for (const char* reason : kSkipReasons)
+    skipped_.Add({{"training_job", job_id}, {"reason", reason}});
+  for (const char* reason : kAbortReasons)
+    aborted_.Add({{"training_job", job_id}, {"reason", reason}});
 }
 
 void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
@@ -136,7 +172,8 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
     updates_.Add(l).Increment();
     tokens_.Add(l).Increment(static_cast<double>(r.global_valid_tokens()));
     SetFinite(loss_.Add(l), r.loss());
-    SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "pre_clip"}}), r.grad_norm_pre_clip());
+    SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "pre_clip"}}),
+              r.grad_norm_pre_clip());
     SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "post_clip"}}),
               r.grad_norm_post_clip());
     last_commit_.Add(l).Set(static_cast<double>(r.end_time_ms()) / 1000.0);
@@ -158,8 +195,9 @@ void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
     SetJobGauges(job);
     const Labels l = {{"training_job", job.job_id()}};
     for (int s = v1::PENDING; s <= v1::CANCELLED; ++s) {
-      job_state_.Add({{"training_job", job.job_id()},
-                      {"state", Lower(v1::JobState_Name(static_cast<v1::JobState>(s)))}})
+      job_state_
+          .Add({{"training_job", job.job_id()},
+                {"state", Lower(v1::JobState_Name(static_cast<v1::JobState>(s)))}})
           .Set(job.state() == s ? 1 : 0);
     }
     if (job.start_time_ms() > 0) {

@@ -3,16 +3,16 @@
 #ifndef TRAINSTEP_COORDINATOR_PROMETHEUS_METRICS_H_
 #define TRAINSTEP_COORDINATOR_PROMETHEUS_METRICS_H_
 
-#include <map>
-#include <memory>
-#include <set>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"

@@ -332,10 +332,9 @@ std::optional<absl::Time> StepMachine::NextDeadline() const {
 
 absl::Status StepMachine::CheckRunnable() const {
   if (terminal()) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id(), " is ",
-                                                      v1::JobState_Name(job_.state()),
-                                                      job_.message().empty() ? "" : ": ",
-                                                      job_.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id(), " is ", v1::JobState_Name(job_.state()),
+                     job_.message().empty() ? "" : ": ", job_.message()));
   }
   return absl::OkStatus();
 }
@@ -372,12 +371,12 @@ absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t gene
 absl::StatusOr<StepMachine::Attempt*> StepMachine::AttemptFor(int64_t window_id) {
   const int64_t next = last_window_ + 1;
   if (window_id < next) {
-    return absl::AbortedError(absl::StrCat("window ", window_id,
-                                           " already ended; the next window is ", next));
+    return absl::AbortedError(
+        absl::StrCat("window ", window_id, " already ended; the next window is ", next));
   }
   if (window_id > next + 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "window ", window_id, " is ahead of the protocol; the next window is ", next));
+    return absl::FailedPreconditionError(
+        absl::StrCat("window ", window_id, " is ahead of the protocol; the next window is ", next));
   }
   if (StopReachedAfter(window_id - 1, update_id_)) {
     return absl::FailedPreconditionError(
@@ -400,8 +399,8 @@ absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t un
   if (slot.has_value()) {
     if (*slot != units) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " reported ", *slot,
-                                                     " valid units for window ",
-                                                     attempt->window_id, " and now ", units));
+                                                     " valid units for window ", attempt->window_id,
+                                                     " and now ", units));
     }
     return absl::OkStatus();
   }
@@ -477,8 +476,8 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
       return absl::InvalidArgumentError(
           absl::StrCat("dataset.samples must be ≥ 1, got ", d.samples()));
     }
-    if (dataset_.has_value() && (dataset_->samples() != d.samples() ||
-                                 dataset_->fingerprint() != d.fingerprint())) {
+    if (dataset_.has_value() &&
+        (dataset_->samples() != d.samples() || dataset_->fingerprint() != d.fingerprint())) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "worker %s read a different dataset (%d samples, fingerprint %s) than the job's "
           "(%d samples, fingerprint %s): every worker must read the same files",
@@ -489,7 +488,7 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
     if (!dataset_.has_value()) {
       const int64_t batch = GlobalBatchSamples(job_.spec());
       per_epoch = job_.spec().batch().tail() == v1::Batch::drop ? d.samples() / batch
-                                                                 : (d.samples() + batch - 1) / batch;
+                                                                : (d.samples() + batch - 1) / batch;
       if (per_epoch == 0) {
         FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
                                 "(micro_batch_size × accumulation_steps × workers.count) with "
@@ -617,9 +616,9 @@ absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, abs
         absl::StrCat("checkpoint ", req.checkpoint_id(), " was never requested"));
   }
   if (it->second.optimizer_update_id() != req.optimizer_update_id()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint ", req.checkpoint_id(), " holds optimizer update ",
-        it->second.optimizer_update_id(), ", not ", req.optimizer_update_id()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", req.checkpoint_id(), " holds optimizer update ",
+                     it->second.optimizer_update_id(), ", not ", req.optimizer_update_id()));
   }
   if (it->second.durable()) return absl::OkStatus();
   v1::JournalRecord record;
@@ -814,7 +813,8 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
     const int64_t every = job_.spec().checkpoint().every_updates();
     const bool periodic = d.outcome() == v1::COMMIT && every > 0 && update_after % every == 0;
     // The last committed update is always checkpointed when the job ends.
-    const bool final_needed = done && checkpoints_.rbegin()->second.optimizer_update_id() != update_after;
+    const bool final_needed =
+        done && checkpoints_.rbegin()->second.optimizer_update_id() != update_after;
     if (CheckpointingEnabled() && (periodic || final_needed)) {
       v1::CheckpointRecord* c = ended->mutable_checkpoint_assigned();
       c->set_checkpoint_id(next_checkpoint_id_);

@@ -6,19 +6,19 @@ namespace trainstep {
 
 // Handlers that never wait ignore the call handle; waiting ones pass it so an abandoned
 // call stops being polled.
-#define TRAINSTEP_FORWARD(Method, Req, Resp)                                              \
-  grpc::ServerUnaryReactor* WorkerServiceImpl::Method(grpc::CallbackServerContext*,       \
+#define TRAINSTEP_FORWARD(Method, Req, Resp)                                                \
+  grpc::ServerUnaryReactor* WorkerServiceImpl::Method(grpc::CallbackServerContext*,         \
                                                       const v1::Req* req, v1::Resp* resp) { \
-    return ServeUnary(resp, [&](Done<v1::Resp> done, std::shared_ptr<CallHandle>) {      \
-      c_->Method(*req, std::move(done));                                                  \
-    });                                                                                   \
+    return ServeUnary(resp, [&](Done<v1::Resp> done, std::shared_ptr<CallHandle>) {         \
+      c_->Method(*req, std::move(done));                                                    \
+    });                                                                                     \
   }
-#define TRAINSTEP_FORWARD_WAITING(Method, Req, Resp)                                      \
-  grpc::ServerUnaryReactor* WorkerServiceImpl::Method(grpc::CallbackServerContext*,       \
+#define TRAINSTEP_FORWARD_WAITING(Method, Req, Resp)                                        \
+  grpc::ServerUnaryReactor* WorkerServiceImpl::Method(grpc::CallbackServerContext*,         \
                                                       const v1::Req* req, v1::Resp* resp) { \
-    return ServeUnary(resp, [&](Done<v1::Resp> done, std::shared_ptr<CallHandle> handle) { \
-      c_->Method(*req, std::move(done), std::move(handle));                               \
-    });                                                                                   \
+    return ServeUnary(resp, [&](Done<v1::Resp> done, std::shared_ptr<CallHandle> handle) {  \
+      c_->Method(*req, std::move(done), std::move(handle));                                 \
+    });                                                                                     \
   }
 
 TRAINSTEP_FORWARD(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse)

@@ -22,8 +22,8 @@ std::string SpecPathFor(const std::string& checkpoint_dir_root) {
 
 absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   const std::filesystem::path ckpt = std::filesystem::path(options.checkpoint).lexically_normal();
-  const std::filesystem::path root = ckpt.has_filename() ? ckpt.parent_path()
-                                                         : ckpt.parent_path().parent_path();
+  const std::filesystem::path root =
+      ckpt.has_filename() ? ckpt.parent_path() : ckpt.parent_path().parent_path();
   const std::string spec_path = SpecPathFor(root.string());
   std::ifstream in(spec_path);
   if (!in) {
@@ -34,10 +34,11 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   text << in.rdbuf();
   ASSIGN_OR_RETURN(v1::JobSpec spec, ParseAndResolveJobSpec(text.str()));
   if (!IsTokenLevel(spec)) {
-    return absl::FailedPreconditionError("--generate needs a language model (tiny_gpt or torchscript)");
+    return absl::FailedPreconditionError(
+        "--generate needs a language model (tiny_gpt or torchscript)");
   }
-  const std::string name = ckpt.filename().empty() ? ckpt.parent_path().filename().string()
-                                                   : ckpt.filename().string();
+  const std::string name =
+      ckpt.filename().empty() ? ckpt.parent_path().filename().string() : ckpt.filename().string();
   int64_t id = 0;
   if (name.rfind("ckpt-", 0) != 0 || !(std::istringstream(name.substr(5)) >> id)) {
     return absl::InvalidArgumentError(
@@ -48,8 +49,8 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   // Samples of seq_len tokens train predictions at positions 0..seq_len-2 only (the last
   // position has no next token), so generation never reads the untrained last position.
   const int64_t seq_len = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len()
-                          : spec.data().has_text() ? spec.data().text().seq_len()
-                                                   : 256;
+                          : spec.data().has_text()    ? spec.data().text().seq_len()
+                                                      : 256;
   const int64_t context = std::max<int64_t>(1, seq_len - 1);
   std::string out = options.prompt;
   try {
@@ -58,7 +59,8 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
     for (auto& b : model->NamedBuffers()) all.push_back(b);
     for (auto& [n, t] : all) {
       auto it = loaded.model.find(n);
-      if (it == loaded.model.end()) return absl::DataLossError(absl::StrCat("checkpoint lacks ", n));
+      if (it == loaded.model.end())
+        return absl::DataLossError(absl::StrCat("checkpoint lacks ", n));
       t.copy_(it->second);
     }
     model->SetTraining(false);
@@ -73,16 +75,17 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
           at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
       at::Tensor logits = model->Forward(input).squeeze(0).to(at::kFloat);
       const int64_t t = input.size(1);
-      const double loss = at::cross_entropy_loss(logits.narrow(0, 0, t - 1),
-                                                 input.squeeze(0).narrow(0, 1, t - 1))
-                              .item<double>();
+      const double loss =
+          at::cross_entropy_loss(logits.narrow(0, 0, t - 1), input.squeeze(0).narrow(0, 1, t - 1))
+              .item<double>();
       LogInfo(absl::StrFormat("prompt loss %.3f nats/byte over %d bytes", loss, t - 1));
     }
     for (int i = 0; i < options.tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
-      at::Tensor input = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()),
-                                    at::kLong).unsqueeze(0);
-      at::Tensor logits = model->Forward(input).select(1, input.size(1) - 1).squeeze(0).to(at::kFloat);
+      at::Tensor input =
+          at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).unsqueeze(0);
+      at::Tensor logits =
+          model->Forward(input).select(1, input.size(1) - 1).squeeze(0).to(at::kFloat);
       logits = logits / std::max(1e-3, options.temperature);
       if (options.top_k > 0 && options.top_k < logits.size(0)) {
         at::Tensor kth = std::get<0>(logits.topk(options.top_k)).min();

@@ -10,19 +10,30 @@ namespace trainstep {
 
 WorkerMetrics::WorkerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      micro_steps_(prometheus::BuildCounter().Name("trainstep_worker_micro_steps_total")
-                       .Help("Micro-batches run (forward + backward)").Register(*registry_)),
-      allreduce_calls_(prometheus::BuildCounter().Name("trainstep_worker_allreduce_calls_total")
+      micro_steps_(prometheus::BuildCounter()
+                       .Name("trainstep_worker_micro_steps_total")
+                       .Help("Micro-batches run (forward + backward)")
+                       .Register(*registry_)),
+      allreduce_calls_(prometheus::BuildCounter()
+                           .Name("trainstep_worker_allreduce_calls_total")
                            .Help("Gradient all-reduce calls (one per bucket per window)")
                            .Register(*registry_)),
-      allreduce_bytes_(prometheus::BuildCounter().Name("trainstep_worker_allreduce_bytes_total")
-                           .Help("Gradient bytes all-reduced").Register(*registry_)),
-      tokens_(prometheus::BuildCounter().Name("trainstep_worker_tokens_total")
-                  .Help("Valid tokens (or samples) this worker trained").Register(*registry_)),
-      phase_(prometheus::BuildHistogram().Name("trainstep_worker_compute_seconds")
-                 .Help("Time per phase of a window").Register(*registry_)),
-      build_info_(prometheus::BuildGauge().Name("trainstep_build_info")
-                      .Help("Build information (value 1)").Register(*registry_)) {
+      allreduce_bytes_(prometheus::BuildCounter()
+                           .Name("trainstep_worker_allreduce_bytes_total")
+                           .Help("Gradient bytes all-reduced")
+                           .Register(*registry_)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("trainstep_worker_tokens_total")
+                  .Help("Valid tokens (or samples) this worker trained")
+                  .Register(*registry_)),
+      phase_(prometheus::BuildHistogram()
+                 .Name("trainstep_worker_compute_seconds")
+                 .Help("Time per phase of a window")
+                 .Register(*registry_)),
+      build_info_(prometheus::BuildGauge()
+                      .Name("trainstep_build_info")
+                      .Help("Build information (value 1)")
+                      .Register(*registry_)) {
   build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "worker"}}).Set(1);
 }
 
@@ -31,7 +42,8 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::s
   try {
     m->exposer_ = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   m->exposer_->RegisterCollectable(m->registry_);
   std::vector<int> ports = m->exposer_->GetListeningPorts();

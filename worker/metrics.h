@@ -3,14 +3,14 @@
 #ifndef TRAINSTEP_WORKER_METRICS_H_
 #define TRAINSTEP_WORKER_METRICS_H_
 
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<Optim>> Optim::Build(const v1::JobSpec& resolved,
     }
     group_used[group] = true;
     members[group].push_back(tensor);
-    o->trainable_.push_back({name, tensor, group == 0 ? 1.0 : spec.param_groups(group - 1).lr_scale()});
+    o->trainable_.push_back(
+        {name, tensor, group == 0 ? 1.0 : spec.param_groups(group - 1).lr_scale()});
   }
   for (int i = 0; i < spec.frozen_prefixes_size(); ++i) {
     if (!frozen_used[i]) {
@@ -160,8 +161,8 @@ absl::Status Optim::RestoreState(const TensorMap& state) {
       if (!m.ok()) return m.status();
       if (!v.ok()) return v.status();
       if (!m->defined() || !v->defined()) {
-        return absl::InvalidArgumentError(absl::StrCat("optimizer state of ", p.name,
-                                                       " has a step but no exp_avg/exp_avg_sq"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state of ", p.name, " has a step but no exp_avg/exp_avg_sq"));
       }
       auto s = std::make_unique<torch::optim::AdamWParamState>();
       s->step(step->second.item<int64_t>());

@@ -20,7 +20,7 @@
 namespace trainstep {
 
 struct MicroStepTimes {
-  double forward_seconds = 0.0;   // forward + loss
+  double forward_seconds = 0.0;  // forward + loss
   double backward_seconds = 0.0;
 };
 

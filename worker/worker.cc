@@ -8,11 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/checkpoint_dir.h"
-#include "common/env.h"
 #include "worker/data/collate.h"
 #include "worker/generate.h"
 #include "worker/loss.h"
@@ -256,10 +256,10 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
   meta.spec_hash = JobSpecHash(spec_);
   meta.next_window_id = window_id + 1;
   meta.written_unix_ms = absl::ToUnixMillis(absl::Now());
-  ASSIGN_OR_RETURN(std::string path,
-                   ckpt::WriteCheckpoint(spec_.checkpoint().dir(), meta, replica_->ModelState(),
-                                         replica_->OptimizerState(),
-                                         spec_.checkpoint().keep_last()));
+  ASSIGN_OR_RETURN(
+      std::string path,
+      ckpt::WriteCheckpoint(spec_.checkpoint().dir(), meta, replica_->ModelState(),
+                            replica_->OptimizerState(), spec_.checkpoint().keep_last()));
   v1::AckCheckpointRequest ack;
   ack.set_job_id(job_id_);
   ack.set_worker_id(worker_id_);
@@ -353,7 +353,8 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     options_.metrics->ObservePhase("forward", total_times.forward_seconds);
     options_.metrics->ObservePhase("backward", total_times.backward_seconds);
     options_.metrics->ObservePhase("allreduce", reduce_seconds);
-    options_.metrics->ObservePhase("optimizer", absl::ToDoubleSeconds(absl::Now() - optimizer_start));
+    options_.metrics->ObservePhase("optimizer",
+                                   absl::ToDoubleSeconds(absl::Now() - optimizer_start));
   }
   return d;
 }
@@ -466,9 +467,10 @@ WorkerExit Worker::RunOrThrow() {
   }
   collective_.reset();
   absl::MutexLock lock(&mu_);
-  std::string outcome = absl::StrCat("job ", job_id_, " ended: ",
-                                     v1::JobState_Name(last_heartbeat_.job_state()));
-  if (!last_heartbeat_.job_message().empty()) absl::StrAppend(&outcome, ": ", last_heartbeat_.job_message());
+  std::string outcome =
+      absl::StrCat("job ", job_id_, " ended: ", v1::JobState_Name(last_heartbeat_.job_state()));
+  if (!last_heartbeat_.job_message().empty())
+    absl::StrAppend(&outcome, ": ", last_heartbeat_.job_message());
   return {0, outcome};
 }
 

@@ -50,7 +50,8 @@ void BM_LoopbackWindow(benchmark::State& state) {
     std::vector<std::unique_ptr<testing::SimulatedWorker>> workers;
     for (int r = 0; r < world; ++r) {
       workers.push_back(std::make_unique<testing::SimulatedWorker>(
-          address, job.job_id(), world * windows, [](int64_t, int) { return testing::SimReport{}; }));
+          address, job.job_id(), world * windows,
+          [](int64_t, int) { return testing::SimReport{}; }));
       (void)workers.back()->Register(absl::StrCat("bench-", r));
     }
     state.ResumeTiming();
@@ -83,7 +84,8 @@ void BM_TwoUnaryCalls(benchmark::State& state) {
   CoordinatorOptions options;
   options.state_dir = dir.string();
   std::unique_ptr<Coordinator> c = std::move(*Coordinator::Open(options));
-  std::unique_ptr<CoordinatorServer> s = std::move(*CoordinatorServer::Start(c.get(), "127.0.0.1:0"));
+  std::unique_ptr<CoordinatorServer> s =
+      std::move(*CoordinatorServer::Start(c.get(), "127.0.0.1:0"));
   auto jobs = v1::JobService::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", s->port())));
   std::vector<double> latencies;
   for (auto _ : state) {

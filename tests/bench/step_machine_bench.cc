@@ -11,9 +11,9 @@ namespace {
 
 void BM_DecideWindow(benchmark::State& state) {
   const int world = static_cast<int>(state.range(0));
-  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(absl::StrCat(
-      R"({"model":{"mlp":{}},"data":{"synthetic_regression":{"samples":100000000}},)",
-      R"("batch":{"micro_batch_size":1},"workers":{"count":)", world, "}}"));
+  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(
+      absl::StrCat(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{"samples":100000000}},)",
+                   R"("batch":{"micro_batch_size":1},"workers":{"count":)", world, "}}"));
   if (!spec.ok()) {
     state.SkipWithError(std::string(spec.status().message()).c_str());
     return;

@@ -50,7 +50,8 @@ class EquivalenceTest : public ConformanceTest {
       const ReferenceUpdate& u = ref.updates[i];
       EXPECT_EQ(commits[i].window_id(), u.window_id);
       EXPECT_EQ(commits[i].global_valid_tokens(), u.units) << "window " << u.window_id;
-      EXPECT_NEAR(commits[i].loss(), u.loss, tolerance * std::fabs(u.loss)) << "window " << u.window_id;
+      EXPECT_NEAR(commits[i].loss(), u.loss, tolerance * std::fabs(u.loss))
+          << "window " << u.window_id;
       EXPECT_NEAR(commits[i].grad_norm_pre_clip(), u.grad_norm, tolerance * u.grad_norm)
           << "window " << u.window_id;
     }
@@ -164,8 +165,9 @@ TEST_F(EquivalenceTest, VariableLengthJsonlEqualsTokenMeanReference) {
   buggy.checkpoint_dir = dir() + "/ckpt-microbatch-mean";
   const Params mean_of_means = RunAndRead(buggy, 5);
   const double bug = RelativeDifference(mean_of_means, ref.final_params);
-  std::cout << "token-mean run vs reference: " << diff << "; microbatch_mean run vs reference: "
-            << bug << " (" << bug / std::max(diff, 1e-12) << "x the token-mean run's error)\n";
+  std::cout << "token-mean run vs reference: " << diff
+            << "; microbatch_mean run vs reference: " << bug << " (" << bug / std::max(diff, 1e-12)
+            << "x the token-mean run's error)\n";
   ::testing::Test::RecordProperty("microbatch_mean_relative_difference", std::to_string(bug));
   EXPECT_GT(bug, 100 * kTolerance) << "microbatch_mean should be detectably different";
 }
@@ -210,8 +212,8 @@ TEST_F(EquivalenceTest, LossScalerFp32EqualsUnscaledRun) {
     EXPECT_NEAR(a, b, 1e-6 * b) << "window " << i + 1 << ": unscaled norm differs";
   }
   const double diff = RelativeDifference(with_scale, plain);
-  std::cout << "S=2^16 vs unscaled: " << diff << "; unscaled vs reference: "
-            << RelativeDifference(plain, ref.final_params) << "\n";
+  std::cout << "S=2^16 vs unscaled: " << diff
+            << "; unscaled vs reference: " << RelativeDifference(plain, ref.final_params) << "\n";
   EXPECT_LE(diff, 1e-6);
   EXPECT_LE(RelativeDifference(plain, ref.final_params), kTolerance);
   ExpectLogMatches(Commits(scaled_run.updates), ref);

@@ -53,11 +53,11 @@ struct JobConfig {
   int workers = 1;
   int micro_batch = 4;
   int accumulation = 1;
-  std::string tail;           // "" (default dynamic) | "dynamic" | "drop"
+  std::string tail;  // "" (default dynamic) | "dynamic" | "drop"
   std::string precision = "fp32";
   std::string normalization;  // "" = the data's default (tokens / samples)
   std::string optimizer = R"({"sgd":{"lr":0.1,"momentum":0.9,"weight_decay":0.01}})";
-  std::string schedule;     // "" = constant; else JSON of trainstep.v1.Schedule
+  std::string schedule;  // "" = constant; else JSON of trainstep.v1.Schedule
   std::optional<double> max_grad_norm;
   std::string loss_scaler;  // "" = default; else JSON of trainstep.v1.LossScaler
   std::optional<int64_t> max_updates;

@@ -340,9 +340,8 @@ TEST_F(ProtocolTest, ParamGroupsAndFrozenPrefixes) {
   const ReferenceRun ref = Reference(c);
   ASSERT_EQ(ref.updates.size(), 6u);
   JobConfig no_groups = c;
-  no_groups.optimizer =
-      R"({"sgd":{"lr":0.3,"momentum":0.9,"weight_decay":0.1},)"
-      R"("frozen_prefixes":["pos_emb","blocks.0.ln1"]})";
+  no_groups.optimizer = R"({"sgd":{"lr":0.3,"momentum":0.9,"weight_decay":0.1},)"
+                        R"("frozen_prefixes":["pos_emb","blocks.0.ln1"]})";
   const ReferenceRun ref_no_groups = Reference(no_groups);
 
   RunOk(c, 6);
@@ -357,8 +356,8 @@ TEST_F(ProtocolTest, ParamGroupsAndFrozenPrefixes) {
   const double diff = RelativeDifference(final_params, ref.final_params);
   EXPECT_LE(diff, kTolerance);
   for (const char* group : {"blocks.0.attn", "head"}) {
-    const double ungrouped =
-        RelativeDifference(Select(final_params, {group}), Select(ref_no_groups.final_params, {group}));
+    const double ungrouped = RelativeDifference(Select(final_params, {group}),
+                                                Select(ref_no_groups.final_params, {group}));
     EXPECT_GT(ungrouped, 100 * kTolerance) << group << " stepped with the default lr";
   }
 }

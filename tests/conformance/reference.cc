@@ -121,7 +121,8 @@ absl::StatusOr<ReferenceRun> RunOrThrow(const std::string& spec_json,
   }
   const double base_lr = o.has_sgd() ? o.sgd().lr() : o.adamw().lr();
   const bool clip = spec.clip().has_max_grad_norm();
-  const double max_norm = clip ? spec.clip().max_grad_norm() : std::numeric_limits<double>::infinity();
+  const double max_norm =
+      clip ? spec.clip().max_grad_norm() : std::numeric_limits<double>::infinity();
 
   ReferenceRun run;
   run.initial = Snapshot(model);

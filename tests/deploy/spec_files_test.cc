@@ -29,8 +29,8 @@ TEST(SpecFilesTest, ShippedSpecsResolve) {
 // The demo is what the issue promises: tiny_gpt on the license texts, 2 workers, bf16,
 // accumulation 4, warmup-cosine, clipping.
 TEST(SpecFilesTest, DemoSpecIsTheAdvertisedJob) {
-  absl::StatusOr<v1::JobSpec> spec =
-      ParseAndResolveJobSpec(Read(std::string(TRAINSTEP_SOURCE_DIR) + "/deploy/local/demo-spec.json"));
+  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(
+      Read(std::string(TRAINSTEP_SOURCE_DIR) + "/deploy/local/demo-spec.json"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(spec->model().has_tiny_gpt());
   EXPECT_EQ(spec->data().text().paths(0), "/usr/share/common-licenses");

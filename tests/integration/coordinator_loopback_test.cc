@@ -135,9 +135,9 @@ std::vector<absl::Status> RunAll(std::vector<std::unique_ptr<SimulatedWorker>>& 
 TEST_F(LoopbackTest, EightRanksThousandWindows) {
   constexpr int kWorld = 8;
   constexpr int64_t kWindows = 1000;
-  const std::string job = Submit(Spec(
-      kWorld, kWorld * kWindows,
-      R"(,"loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":50})"));
+  const std::string job =
+      Submit(Spec(kWorld, kWorld * kWindows,
+                  R"(,"loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":50})"));
   auto report = [](int64_t window, int rank) {
     SimReport r;
     r.units = window % 250 == 0 ? 0 : 10 + rank;  // every 250th window trains nothing
@@ -250,7 +250,8 @@ TEST_F(LoopbackTest, LostWorkerIsReplacedAndWindowRetried) {
 // journal restores every id, and no update is applied twice or lost.
 TEST_F(LoopbackTest, CoordinatorRestartLosesNothing) {
   constexpr int64_t kWindows = 200;
-  const std::string job = Submit(Spec(2, 2 * kWindows, R"(,"checkpoint":{"dir":"/tmp/x","every_updates":50})"));
+  const std::string job =
+      Submit(Spec(2, 2 * kWindows, R"(,"checkpoint":{"dir":"/tmp/x","every_updates":50})"));
   std::vector<std::unique_ptr<SimulatedWorker>> workers;
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<SimulatedWorker>(address_, job, 2 * kWindows,

@@ -17,16 +17,19 @@ namespace {
 // of hanging, the process exits 0 within its grace period and says so in its log.
 // Catches: a shutdown that waits forever on barrier calls, or exits without flushing.
 TEST(CoordinatorProcessTest, SigtermDrainsWaitingCallsAndExitsZero) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("trainstep-sigterm-", getpid())).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-sigterm-", getpid()))
+          .string();
   absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c = testing::ProcessCluster::Start(dir);
   ASSERT_TRUE(c.ok()) << c.status();
   absl::StatusOr<std::string> job = (*c)->Submit(
       R"({"model":{"mlp":{}},"data":{"synthetic_regression":{"samples":64}},"workers":{"count":2}})");
   ASSERT_TRUE(job.ok()) << job.status();
   // Rank 0 joins and reports window 1; rank 1 never comes, so rank 0 waits in the barrier.
-  testing::SimulatedWorker w0((*c)->address(), *job, 64, [](int64_t, int) { return testing::SimReport{}; });
-  testing::SimulatedWorker w1((*c)->address(), *job, 64, [](int64_t, int) { return testing::SimReport{}; });
+  testing::SimulatedWorker w0((*c)->address(), *job, 64,
+                              [](int64_t, int) { return testing::SimReport{}; });
+  testing::SimulatedWorker w1((*c)->address(), *job, 64,
+                              [](int64_t, int) { return testing::SimReport{}; });
   ASSERT_TRUE(w0.Register("w0").ok());
   ASSERT_TRUE(w1.Register("w1").ok());
   w1.Crash();  // registered (so the generation forms) but never reports a window

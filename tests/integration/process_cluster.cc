@@ -56,7 +56,8 @@ absl::StatusOr<pid_t> ProcessCluster::Spawn(const std::vector<std::string>& argv
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", strerror(rc)));
   logs_.push_back(log);
   return pid;
 }
@@ -68,12 +69,12 @@ absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(const std:
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string ports = dir + "/ports.json";
-  absl::StatusOr<pid_t> pid = c->Spawn(
-      {BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
-       dir + "/state", "--metrics-listen", "127.0.0.1:0", "--port-file", ports,
-       absl::StrCat("--worker-lease-ms=", absl::ToInt64Milliseconds(worker_lease)),
-       "--shutdown-grace-ms=200"},
-      dir + "/coordinator.log");
+  absl::StatusOr<pid_t> pid =
+      c->Spawn({BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
+                dir + "/state", "--metrics-listen", "127.0.0.1:0", "--port-file", ports,
+                absl::StrCat("--worker-lease-ms=", absl::ToInt64Milliseconds(worker_lease)),
+                "--shutdown-grace-ms=200"},
+               dir + "/coordinator.log");
   if (!pid.ok()) return pid.status();
   c->coordinator_ = *pid;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
@@ -144,12 +145,11 @@ absl::StatusOr<std::string> ProcessCluster::Submit(const std::string& spec_json)
 
 absl::StatusOr<pid_t> ProcessCluster::StartWorker(const std::string& job_id,
                                                   const std::vector<std::string>& extra_flags) {
-  std::vector<std::string> argv = {BinDir() + "/trainstep-worker", "--coordinator", address_,
-                                   "--job", job_id, "--name",
-                                   absl::StrCat("worker-", workers_.size())};
+  std::vector<std::string> argv = {
+      BinDir() + "/trainstep-worker",          "--coordinator", address_, "--job", job_id, "--name",
+      absl::StrCat("worker-", workers_.size())};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  absl::StatusOr<pid_t> pid =
-      Spawn(argv, absl::StrCat(dir_, "/worker-", workers_.size(), ".log"));
+  absl::StatusOr<pid_t> pid = Spawn(argv, absl::StrCat(dir_, "/worker-", workers_.size(), ".log"));
   if (pid.ok()) workers_.push_back(*pid);
   return pid;
 }

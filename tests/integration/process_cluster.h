@@ -22,8 +22,8 @@ std::string BinDir();
 class ProcessCluster {
  public:
   // Starts trainstep-coordinator with its state in `dir` (created, emptied first).
-  static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(const std::string& dir,
-                                                               absl::Duration worker_lease = absl::Seconds(10));
+  static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(
+      const std::string& dir, absl::Duration worker_lease = absl::Seconds(10));
   ~ProcessCluster();
 
   const std::string& address() const { return address_; }

@@ -1,5 +1,6 @@
 // Real processes on 127.0.0.1: the coordinator binary and two trainstep-worker processes
 // (Gloo all-reduce between them) train the built-in models and a TorchScript file.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/torchscript_fixture.h"
-#include <ATen/ATen.h>
 #include "worker/checkpoint/checkpoint_dir.h"
 
 namespace trainstep {
@@ -58,13 +58,14 @@ class WorkerIntegrationTest : public ::testing::Test {
 // Catches: a worker that never joins, a hang in the collective, checkpoints never acked.
 TEST_F(WorkerIntegrationTest, MlpTwoWorkersCheckpoints) {
   const std::string ckpt = dir_ + "/ckpt";
-  const v1::Job job = Run(absl::StrCat(
-      R"({"name":"mlp","seed":3,"model":{"mlp":{"hidden":16}},)",
-      R"("data":{"synthetic_regression":{"samples":96,"in_features":4}},)",
-      R"("batch":{"micro_batch_size":4,"accumulation_steps":3},"workers":{"count":2},)",
-      R"("optimizer":{"sgd":{"lr":0.05,"momentum":0.9}},"stop":{"max_updates":6},)",
-      R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":3,"keep_last":0}})"),
-      2);
+  const v1::Job job =
+      Run(absl::StrCat(
+              R"({"name":"mlp","seed":3,"model":{"mlp":{"hidden":16}},)",
+              R"("data":{"synthetic_regression":{"samples":96,"in_features":4}},)",
+              R"("batch":{"micro_batch_size":4,"accumulation_steps":3},"workers":{"count":2},)",
+              R"("optimizer":{"sgd":{"lr":0.05,"momentum":0.9}},"stop":{"max_updates":6},)",
+              R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":3,"keep_last":0}})"),
+          2);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
   absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id_);
   ASSERT_TRUE(log.ok());
@@ -72,7 +73,7 @@ TEST_F(WorkerIntegrationTest, MlpTwoWorkersCheckpoints) {
   for (const v1::UpdateRecord& r : *log) {
     EXPECT_EQ(r.outcome(), "commit");
     EXPECT_EQ(r.allreduce_calls(), 1);
-    EXPECT_EQ(r.micro_steps(), 6);  // 3 micro-batches on each of 2 ranks
+    EXPECT_EQ(r.micro_steps(), 6);           // 3 micro-batches on each of 2 ranks
     EXPECT_EQ(r.global_valid_tokens(), 24);  // samples of the window
     EXPECT_TRUE(std::isfinite(r.loss()));
   }
@@ -87,7 +88,8 @@ TEST_F(WorkerIntegrationTest, MlpTwoWorkersCheckpoints) {
   absl::StatusOr<ckpt::LoadedCheckpoint> first = ckpt::ReadCheckpoint(ckpt, 0);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE(first->model.at("fc1.weight").equal(last->model.at("fc1.weight")));
-  for (int code : cluster_->WaitForWorkers(absl::Seconds(30))) EXPECT_EQ(code, 0) << cluster_->Logs();
+  for (int code : cluster_->WaitForWorkers(absl::Seconds(30)))
+    EXPECT_EQ(code, 0) << cluster_->Logs();
 }
 
 // tiny_gpt on text in bf16 with accumulation: the loss falls and every window commits.
@@ -98,12 +100,13 @@ TEST_F(WorkerIntegrationTest, TinyGptBf16OnText) {
     std::ofstream out(text);
     for (int i = 0; i < 60; ++i) out << "the quick brown fox jumps over the lazy dog. ";
   }
-  const v1::Job job = Run(absl::StrCat(
-      R"({"name":"gpt","model":{"tiny_gpt":{"n_layer":1,"n_head":2,"d_model":32}},)",
-      R"("data":{"text":{"paths":[")", text, R"("],"seq_len":32}},"precision":"bf16",)",
-      R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
-      R"("optimizer":{"adamw":{"lr":0.01}},"stop":{"max_updates":12}})"),
-      2);
+  const v1::Job job =
+      Run(absl::StrCat(
+              R"({"name":"gpt","model":{"tiny_gpt":{"n_layer":1,"n_head":2,"d_model":32}},)",
+              R"("data":{"text":{"paths":[")", text, R"("],"seq_len":32}},"precision":"bf16",)",
+              R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+              R"("optimizer":{"adamw":{"lr":0.01}},"stop":{"max_updates":12}})"),
+          2);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
   absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id_);
   ASSERT_TRUE(log.ok());
@@ -134,13 +137,14 @@ TEST_F(WorkerIntegrationTest, TorchScriptOnJsonl) {
     }
   }
   const std::string ckpt = dir_ + "/ckpt";
-  const v1::Job job = Run(absl::StrCat(
-      R"({"name":"ts","model":{"torchscript":{"path":")", model, R"("}},)",
-      R"("data":{"jsonl":{"path":")", data, R"("}},)",
-      R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
-      R"("optimizer":{"adamw":{"lr":0.02}},"stop":{"epochs":2},)",
-      R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":100}})"),
-      2);
+  const v1::Job job =
+      Run(absl::StrCat(
+              R"({"name":"ts","model":{"torchscript":{"path":")", model, R"("}},)",
+              R"("data":{"jsonl":{"path":")", data, R"("}},)",
+              R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+              R"("optimizer":{"adamw":{"lr":0.02}},"stop":{"epochs":2},)",
+              R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":100}})"),
+          2);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
   absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id_);
   ASSERT_TRUE(log.ok());
@@ -164,9 +168,9 @@ TEST_F(WorkerIntegrationTest, BadDataFailsJobWithFileAndLine) {
     out << "{\"input_ids\":[1,2,3],\"labels\":[1,2,3]}\n";
     out << "{\"input_ids\":[1,2,3],\"labels\":[1,2]}\n";
   }
-  const v1::Job job = Run(absl::StrCat(
-      R"({"model":{"tiny_gpt":{"n_layer":1,"d_model":16}},"data":{"jsonl":{"path":")", data,
-      R"("}},"workers":{"count":2}})"),
+  const v1::Job job = Run(
+      absl::StrCat(R"({"model":{"tiny_gpt":{"n_layer":1,"d_model":16}},"data":{"jsonl":{"path":")",
+                   data, R"("}},"workers":{"count":2}})"),
       2, absl::Seconds(60));
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_NE(job.message().find(data + ":2"), std::string::npos) << job.message();
@@ -184,8 +188,9 @@ namespace {
 // an uninterrupted run. Catches: ids not rolled back, optimizer state not restored, windows
 // skipped or trained twice after a full restart.
 TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("trainstep-resume-", getpid())).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-resume-", getpid()))
+          .string();
   absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
       testing::ProcessCluster::Start(dir, /*worker_lease=*/absl::Seconds(1));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -229,7 +234,8 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
     // Kill well between two checkpoints (every 40 updates), so the rollback has windows to redo.
     if (cluster.jobs()->GetJob(&ctx, req, &job).ok() &&
         job.progress().durable_checkpoint_id() >= 2 &&
-        job.progress().optimizer_update_id() % 40 >= 5 && job.progress().optimizer_update_id() % 40 <= 30) {
+        job.progress().optimizer_update_id() % 40 >= 5 &&
+        job.progress().optimizer_update_id() % 40 <= 30) {
       for (pid_t p : first) cluster.Kill(p);
       killed_at = job.progress().optimizer_update_id();
     }

@@ -137,7 +137,8 @@ class GrafanaDashboardTest : public ::testing::Test {
 
   // Checks one query; `where` names it in failures. Returns the metrics it names.
   std::set<std::string> CheckQuery(const std::string& expr, const std::string& where,
-                                   const Exported& exported, const std::set<std::string>& recorded) {
+                                   const Exported& exported,
+                                   const std::set<std::string>& recorded) {
     const PromqlRefs refs = ReadPromql(expr);
     EXPECT_FALSE(refs.metrics.empty()) << where << ": names no metric: " << expr;
     std::set<std::string> labels_in_scope = {"instance", "job"};  // added by the scrape
@@ -254,8 +255,8 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
       const std::string expr = Str(t, "expr");
       ASSERT_FALSE(expr.empty()) << title;
       exprs.push_back(expr);
-      for (const std::string& m : CheckQuery(expr, absl::StrCat("panel \"", title, "\""), exported,
-                                             recorded)) {
+      for (const std::string& m :
+           CheckQuery(expr, absl::StrCat("panel \"", title, "\""), exported, recorded)) {
         panels_of_metric[m].push_back(title);
       }
     }
@@ -266,8 +267,8 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
        {"trainstep_tokens_total", "trainstep_optimizer_updates_total", "trainstep_loss",
         "trainstep_loss_scale", "trainstep_learning_rate", "trainstep_grad_norm",
         "training_job:trainstep_windows_skipped:ratio_rate5m",
-        "trainstep_window_duration_seconds_bucket", "trainstep_world_size",
-        "trainstep_generation", "trainstep_checkpoint_id"}) {
+        "trainstep_window_duration_seconds_bucket", "trainstep_world_size", "trainstep_generation",
+        "trainstep_checkpoint_id"}) {
     EXPECT_TRUE(panels_of_metric.count(m)) << "no panel shows " << m;
   }
   auto some_expr = [&](const std::string& needle) {

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <limits>
 #include <map>
-#include <set>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,8 +47,7 @@ absl::StatusOr<std::vector<Element>> ParseXml(const std::string& xml) {
   std::vector<std::pair<std::string, size_t>> open;  // name, index in out
   size_t i = 0;
   auto fail = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(why, " at offset ", i, ": ",
-                                                   xml.substr(i, 60)));
+    return absl::InvalidArgumentError(absl::StrCat(why, " at offset ", i, ": ", xml.substr(i, 60)));
   };
   auto check_text = [&](const std::string& text) -> absl::Status {
     for (size_t k = 0; k < text.size(); ++k) {
@@ -68,9 +67,11 @@ absl::StatusOr<std::vector<Element>> ParseXml(const std::string& xml) {
   while (i < xml.size()) {
     if (xml[i] != '<') {
       const size_t next = xml.find('<', i);
-      const std::string text = xml.substr(i, next == std::string::npos ? std::string::npos : next - i);
+      const std::string text =
+          xml.substr(i, next == std::string::npos ? std::string::npos : next - i);
       if (absl::Status s = check_text(text); !s.ok()) return s;
-      if (open.empty() && !absl::StripAsciiWhitespace(text).empty()) return fail("text outside the root");
+      if (open.empty() && !absl::StripAsciiWhitespace(text).empty())
+        return fail("text outside the root");
       if (!open.empty()) out[open.back().second].text += text;
       if (next == std::string::npos) break;
       i = next;
@@ -88,7 +89,8 @@ absl::StatusOr<std::vector<Element>> ParseXml(const std::string& xml) {
       if (end == std::string::npos) return fail("unterminated end tag");
       const std::string name = xml.substr(i + 2, end - i - 2);
       if (open.empty() || open.back().first != name) {
-        return fail(absl::StrCat("</", name, "> closes ", open.empty() ? "nothing" : open.back().first));
+        return fail(
+            absl::StrCat("</", name, "> closes ", open.empty() ? "nothing" : open.back().first));
       }
       open.pop_back();
       if (open.empty()) root_closed = true;
@@ -117,8 +119,8 @@ absl::StatusOr<std::vector<Element>> ParseXml(const std::string& xml) {
         break;
       }
       std::string attr;
-      while (i < xml.size() && (absl::ascii_isalnum(xml[i]) || xml[i] == '-' || xml[i] == ':' ||
-                                xml[i] == '_')) {
+      while (i < xml.size() &&
+             (absl::ascii_isalnum(xml[i]) || xml[i] == '-' || xml[i] == ':' || xml[i] == '_')) {
         attr += xml[i++];
       }
       if (attr.empty() || i + 1 >= xml.size() || xml[i] != '=' || xml[i + 1] != '"') {
@@ -135,31 +137,37 @@ absl::StatusOr<std::vector<Element>> ParseXml(const std::string& xml) {
     out.push_back(e);
     if (!self_closing) open.emplace_back(e.name, out.size() - 1);
   }
-  if (!open.empty()) return absl::InvalidArgumentError(absl::StrCat("<", open.back().first, "> never closed"));
-  if (out.empty() || out[0].name != "svg") return absl::InvalidArgumentError("the root is not <svg>");
+  if (!open.empty())
+    return absl::InvalidArgumentError(absl::StrCat("<", open.back().first, "> never closed"));
+  if (out.empty() || out[0].name != "svg")
+    return absl::InvalidArgumentError("the root is not <svg>");
   return out;
 }
 
 // Every number in a coordinate-like attribute must be finite.
 void ExpectFiniteCoordinates(const std::vector<Element>& elements) {
-  static const std::set<std::string> kNumeric = {"x", "y", "x1", "y1", "x2", "y2", "cx", "cy",
-                                                 "r", "width", "height"};
+  static const std::set<std::string> kNumeric = {"x",  "y",  "x1", "y1",    "x2",    "y2",
+                                                 "cx", "cy", "r",  "width", "height"};
   for (const Element& e : elements) {
     for (const auto& [attr, value] : e.attributes) {
       if (attr == "points" || attr == "viewBox") {
-        for (absl::string_view n : absl::StrSplit(value, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+        for (absl::string_view n :
+             absl::StrSplit(value, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
           double v;
-          EXPECT_TRUE(absl::SimpleAtod(n, &v) && std::isfinite(v)) << e.name << " " << attr << "=" << value;
+          EXPECT_TRUE(absl::SimpleAtod(n, &v) && std::isfinite(v))
+              << e.name << " " << attr << "=" << value;
         }
       } else if (kNumeric.count(attr) && !absl::EndsWith(value, "%")) {
         double v;
-        EXPECT_TRUE(absl::SimpleAtod(value, &v) && std::isfinite(v)) << e.name << " " << attr << "=" << value;
+        EXPECT_TRUE(absl::SimpleAtod(value, &v) && std::isfinite(v))
+            << e.name << " " << attr << "=" << value;
       }
     }
   }
 }
 
-std::vector<const Element*> WithClass(const std::vector<Element>& elements, const std::string& cls) {
+std::vector<const Element*> WithClass(const std::vector<Element>& elements,
+                                      const std::string& cls) {
   std::vector<const Element*> out;
   for (const Element& e : elements) {
     auto it = e.attributes.find("class");
@@ -236,7 +244,8 @@ TEST(PlotSvgTest, MarksSkipsAndAbortsAndEscapesTheName) {
   EXPECT_NE(skips[0]->attributes.at("stroke"), aborts[0]->attributes.at("stroke"));
   // Between update 5 and update 6 on the x axis.
   const std::string text = AllText(el);
-  EXPECT_TRUE(absl::StrContains(text, "window 6 (generation 1): skip OVERFLOW after update 5")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "window 6 (generation 1): skip OVERFLOW after update 5"))
+      << text;
   EXPECT_TRUE(absl::StrContains(text, "window 7 (generation 1): abort WORKER_LOST")) << text;
   EXPECT_TRUE(absl::StrContains(svg, "job-7 \u2014 tiny &lt;gpt&gt; &amp; &quot;friends&quot;"));
   EXPECT_TRUE(absl::StrContains(text, "skipped window"));
@@ -273,14 +282,16 @@ TEST(PlotSvgTest, EmptyOneRecordConstantAndNonFinite) {
   cases.push_back({"constant", constant});
   std::vector<v1::UpdateRecord> nonfinite;
   for (int u = 1; u <= 4; ++u) {
-    v1::UpdateRecord r = Commit(u, u % 2 ? std::nan("") : 1.0, std::numeric_limits<double>::infinity());
+    v1::UpdateRecord r =
+        Commit(u, u % 2 ? std::nan("") : 1.0, std::numeric_limits<double>::infinity());
     r.set_loss_scale(u == 3 ? 0 : -std::numeric_limits<double>::infinity());
     r.set_learning_rate(u % 2 ? 1.7e308 : -1.7e308);  // a span that overflows a double
     nonfinite.push_back(r);
   }
   cases.push_back({"non-finite", nonfinite});
-  cases.push_back({"only skips", {NotCommitted(1, 0, "skip", "EMPTY_WINDOW", 1),
-                                  NotCommitted(2, 0, "skip", "EMPTY_WINDOW", 1)}});
+  cases.push_back({"only skips",
+                   {NotCommitted(1, 0, "skip", "EMPTY_WINDOW", 1),
+                    NotCommitted(2, 0, "skip", "EMPTY_WINDOW", 1)}});
   for (const auto& [name, records] : cases) {
     SCOPED_TRACE(name);
     PlotInput in;
@@ -306,9 +317,8 @@ TEST(PlotSvgTest, RendersToPngIfARendererIsInstalled) {
   in.job_name = "render";
   for (int64_t u = 1; u <= 40; ++u) in.records.push_back(Commit(u, 3.0 / u, 1.0 + (u % 5)));
   in.records.push_back(NotCommitted(41, 40, "skip", "OVERFLOW", 32768));
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("trainstep-plot-", getpid()))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-plot-", getpid())).string();
   std::filesystem::create_directories(dir);
   ASSERT_TRUE(obs::WriteFile(dir + "/plot.svg", RenderPlotSvg(in)).ok());
   const std::string png = dir + "/plot.png";
@@ -359,9 +369,9 @@ TEST(PlotArgsTest, NeedsOutAndOnlyPlotTakesIt) {
 // The command against the coordinator binary after a run with skips: the file is written
 // whole and has a mark per skipped window in each panel; an unknown job exits 4.
 TEST(JobPlotCommandTest, PlotsARealRun) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           absl::StrCat("trainstep-plot-cli-", getpid()))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-plot-cli-", getpid()))
+          .string();
   obs::ObservedJobOptions options;
   options.windows = 30;
   absl::StatusOr<std::unique_ptr<obs::ObservedJob>> started = obs::ObservedJob::Start(dir, options);
@@ -379,8 +389,9 @@ TEST(JobPlotCommandTest, PlotsARealRun) {
   std::istringstream in;
   std::ostringstream out, err;
   ProcessEnvironment env;
-  const int rc = RunCli({"job", "plot", job.job_id(), "--out", file, "--coordinator", job.address()},
-                        env, in, out, err);
+  const int rc =
+      RunCli({"job", "plot", job.job_id(), "--out", file, "--coordinator", job.address()}, env, in,
+             out, err);
   ASSERT_EQ(rc, 0) << err.str();
   EXPECT_TRUE(absl::StrContains(err.str(), absl::StrCat("wrote ", file))) << err.str();
   EXPECT_FALSE(std::filesystem::exists(file + ".tmp"));
@@ -389,7 +400,8 @@ TEST(JobPlotCommandTest, PlotsARealRun) {
   ASSERT_FALSE(el.empty());
   ExpectFiniteCoordinates(el);
   EXPECT_EQ(WithClass(el, "mark-skip").size(), 4 * skipped);
-  EXPECT_TRUE(absl::StrContains(svg, absl::StrCat(job.job_id(), " \u2014 observability &lt;demo&gt; &amp; co")));
+  EXPECT_TRUE(absl::StrContains(
+      svg, absl::StrCat(job.job_id(), " \u2014 observability &lt;demo&gt; &amp; co")));
 
   // To stdout.
   std::ostringstream out2, err2;

@@ -67,13 +67,13 @@ const std::vector<std::string> kCoordinatorSeries = {
 };
 
 const std::vector<std::string> kWorkerSeries = {
-    "trainstep_worker_micro_steps_total",    "trainstep_worker_allreduce_calls_total",
+    "trainstep_worker_micro_steps_total",     "trainstep_worker_allreduce_calls_total",
     "trainstep_worker_allreduce_bytes_total", "trainstep_worker_compute_seconds_bucket",
     "trainstep_worker_tokens_total",          "trainstep_build_info",
 };
 
 // Labels no series may carry: they grow with the run (CONVENTIONS.md, Prometheus).
-const std::set<std::string> kUnboundedLabels = {"rank", "window", "window_id", "worker",
+const std::set<std::string> kUnboundedLabels = {"rank",      "window",     "window_id", "worker",
                                                 "worker_id", "generation", "update"};
 
 void ExpectSeries(const std::vector<Sample>& samples, const std::vector<std::string>& names,
@@ -86,7 +86,8 @@ void ExpectSeries(const std::vector<Sample>& samples, const std::vector<std::str
   for (const Sample& s : samples) {
     if (!absl::StartsWith(s.name, "trainstep_")) continue;
     for (const auto& [label, value] : s.labels) {
-      EXPECT_FALSE(kUnboundedLabels.count(label)) << what << ": " << s.name << " has label " << label;
+      EXPECT_FALSE(kUnboundedLabels.count(label))
+          << what << ": " << s.name << " has label " << label;
       EXPECT_NE(label, "job") << what << ": " << s.name
                               << " uses `job`, which Prometheus reserves for the scrape target";
     }
@@ -139,9 +140,8 @@ TEST_F(MetricsExpositionTest, BothEndpointsPassPromtoolWhileRunningAndAfter) {
     ExpectSeries(*samples, kCoordinatorSeries, "the coordinator");
     const std::map<std::string, std::string> of_job = {{"training_job", job.job_id()}};
     EXPECT_EQ(FindSample(*samples, "trainstep_job_state",
-                         {{"training_job", job.job_id()}, {"state", phase == std::string("running")
-                                                                        ? "running"
-                                                                        : "succeeded"}}),
+                         {{"training_job", job.job_id()},
+                          {"state", phase == std::string("running") ? "running" : "succeeded"}}),
               1.0);
 
     // The counters against the per-update log.
@@ -228,18 +228,19 @@ TEST_F(MetricsExpositionTest, RealWorkerProcessesPassPromtool) {
       R"("optimizer":{"sgd":{"lr":0.01}},"stop":{"epochs":1000}})");
   ASSERT_TRUE(id.ok()) << id.status();
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(cluster
-                    .StartWorker(*id, {"--metrics-listen", "127.0.0.1:0", "--port-file",
-                                       absl::StrCat(dir_, "/worker-", i, ".ports"),
-                                       "--log-format", "json"})
-                    .ok());
+    ASSERT_TRUE(
+        cluster
+            .StartWorker(*id, {"--metrics-listen", "127.0.0.1:0", "--port-file",
+                               absl::StrCat(dir_, "/worker-", i, ".ports"), "--log-format", "json"})
+            .ok());
   }
   std::vector<int> ports;
   for (int i = 0; i < 2; ++i) {
     const std::string file = absl::StrCat(dir_, "/worker-", i, ".ports");
     std::map<std::string, int64_t> p;
-    ASSERT_TRUE(WaitFor([&] { return (p = ParsePortFile(ReadFileOrEmpty(file))).count("metrics_port"); },
-                        absl::Seconds(60)))
+    ASSERT_TRUE(
+        WaitFor([&] { return (p = ParsePortFile(ReadFileOrEmpty(file))).count("metrics_port"); },
+                absl::Seconds(60)))
         << cluster.Logs();
     ports.push_back(static_cast<int>(p["metrics_port"]));
   }
@@ -257,8 +258,7 @@ TEST_F(MetricsExpositionTest, RealWorkerProcessesPassPromtool) {
         absl::Seconds(120)))
         << cluster.Logs();
   }
-  const std::map<std::string, int64_t> coord =
-      ParsePortFile(ReadFileOrEmpty(dir_ + "/ports.json"));
+  const std::map<std::string, int64_t> coord = ParsePortFile(ReadFileOrEmpty(dir_ + "/ports.json"));
   ASSERT_TRUE(coord.count("metrics_port"));
   std::vector<int> all = ports;
   all.push_back(static_cast<int>(coord.at("metrics_port")));

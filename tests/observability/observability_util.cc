@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,8 +20,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -139,7 +138,8 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& target, absl::D
   const std::string head = response.substr(0, head_end);
   std::string body = response.substr(head_end + 4);
   // "HTTP/1.1 200 OK"
-  const std::vector<std::string> status_line = absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
+  const std::vector<std::string> status_line =
+      absl::StrSplit(head.substr(0, head.find("\r\n")), ' ');
   int code = 0;
   if (status_line.size() < 2 || !absl::SimpleAtoi(status_line[1], &code)) {
     return absl::DataLossError(absl::StrCat("bad status line: ", head.substr(0, 80)));
@@ -467,13 +467,13 @@ std::optional<double> FindSample(const std::vector<Sample>& samples, const std::
 
 PromqlRefs ReadPromql(const std::string& e) {
   static const std::set<std::string> kKeywords = {
-      "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
-      "bool", "offset", "inf", "nan", "Inf", "NaN"};
-  static const std::set<std::string> kGrouping = {"by",     "without",    "on",
+      "by",     "without", "on",     "ignoring", "group_left", "group_right", "and", "or",
+      "unless", "bool",    "offset", "inf",      "nan",        "Inf",         "NaN"};
+  static const std::set<std::string> kGrouping = {"by",       "without",    "on",
                                                   "ignoring", "group_left", "group_right"};
   // Aggregations may be followed by a by / without clause instead of their parenthesis.
   static const std::set<std::string> kAggregations = {
-      "sum",   "min",   "max",    "avg",          "group",  "stddev",  "stdvar",
+      "sum",   "min",          "max",     "avg",  "group",    "stddev", "stdvar",
       "count", "count_values", "bottomk", "topk", "quantile", "limitk", "limit_ratio"};
   PromqlRefs out;
   auto skip_spaces = [&e](size_t i) {
@@ -536,7 +536,8 @@ PromqlRefs ReadPromql(const std::string& e) {
       } else {
         i = read_name(i);
       }
-    } else if (absl::ascii_isdigit(c) || (c == '.' && i + 1 < e.size() && absl::ascii_isdigit(e[i + 1]))) {
+    } else if (absl::ascii_isdigit(c) ||
+               (c == '.' && i + 1 < e.size() && absl::ascii_isdigit(e[i + 1]))) {
       while (i < e.size() && (absl::ascii_isalnum(e[i]) || e[i] == '.')) ++i;  // 0.5, 1e3, 5m
     } else if (c == '{') {  // a selector without a metric name
       std::vector<PromqlMatcher> ignored;

@@ -5,17 +5,16 @@
 #ifndef TRAINSTEP_TESTS_OBSERVABILITY_OBSERVABILITY_UTIL_H_
 #define TRAINSTEP_TESTS_OBSERVABILITY_OBSERVABILITY_UTIL_H_
 
+#include <google/protobuf/struct.pb.h>
 #include <sys/types.h>
 
 #include <functional>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/struct.pb.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

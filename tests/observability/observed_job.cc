@@ -16,8 +16,7 @@ using ::trainstep::testing::SimReport;
 using ::trainstep::testing::SimulatedWorker;
 
 std::chrono::system_clock::time_point In(absl::Duration d) {
-  return std::chrono::system_clock::now() +
-         std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
 }  // namespace
@@ -32,8 +31,8 @@ absl::StatusOr<std::unique_ptr<ObservedJob>> ObservedJob::Start(const std::strin
   const std::string port_file = dir + "/ports.json";
   absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(
       {BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
-       dir + "/state", "--metrics-listen", "127.0.0.1:0", "--port-file", port_file,
-       "--log-format", options.log_format, "--shutdown-grace-ms=200"},
+       dir + "/state", "--metrics-listen", "127.0.0.1:0", "--port-file", port_file, "--log-format",
+       options.log_format, "--shutdown-grace-ms=200"},
       dir + "/coordinator.log");
   if (!c.ok()) return c.status();
   j->coordinator_ = std::move(*c);
@@ -76,17 +75,15 @@ ObservedJob::~ObservedJob() {
 
 std::string ObservedJob::spec() const {
   const int64_t w = options_.windows;
-  return absl::StrCat(
-      R"({"name":"observability <demo> & co","model":{"mlp":{}},)",
-      R"("data":{"synthetic_regression":{"samples":)", options_.workers * w, R"(}},)",
-      R"("batch":{"micro_batch_size":1,"accumulation_steps":1},)",
-      R"("optimizer":{"sgd":{"lr":0.1}},)",
-      R"("schedule":{"warmup_cosine":{"warmup_updates":5,"total_updates":)", w,
-      R"(,"min_lr_ratio":0.1}},)",
-      R"("clip":{"max_grad_norm":1.0},)",
-      R"("loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":4},)",
-      R"("checkpoint":{"dir":")", dir_, R"(/checkpoints","every_updates":10},)",
-      R"("workers":{"count":)", options_.workers, "}}");
+  return absl::StrCat(R"({"name":"observability <demo> & co","model":{"mlp":{}},)",
+                      R"("data":{"synthetic_regression":{"samples":)", options_.workers * w,
+                      R"(}},)", R"("batch":{"micro_batch_size":1,"accumulation_steps":1},)",
+                      R"("optimizer":{"sgd":{"lr":0.1}},)",
+                      R"("schedule":{"warmup_cosine":{"warmup_updates":5,"total_updates":)", w,
+                      R"(,"min_lr_ratio":0.1}},)", R"("clip":{"max_grad_norm":1.0},)",
+                      R"("loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":4},)",
+                      R"("checkpoint":{"dir":")", dir_, R"(/checkpoints","every_updates":10},)",
+                      R"("workers":{"count":)", options_.workers, "}}");
 }
 
 SimReport ObservedJob::Report(int worker, int64_t window, int rank) {
@@ -188,7 +185,8 @@ absl::StatusOr<v1::Job> ObservedJob::WaitForEnd(absl::Duration timeout) {
   for (auto& w : workers_) w->StopHeartbeats();
   absl::MutexLock lock(&mu_);
   for (const absl::Status& s : results_) {
-    if (!s.ok()) return absl::InternalError(absl::StrCat("a simulated worker failed: ", s.ToString()));
+    if (!s.ok())
+      return absl::InternalError(absl::StrCat("a simulated worker failed: ", s.ToString()));
   }
   return job;
 }

@@ -89,8 +89,7 @@ class PrometheusServerTest : public ::testing::Test {
 
   // Renders deploy/prometheus/prometheus.yml.in for this job's endpoints.
   std::string RenderConfig() {
-    const std::string tmpl =
-        ReadFileOrEmpty(SourceDir() + "/deploy/prometheus/prometheus.yml.in");
+    const std::string tmpl = ReadFileOrEmpty(SourceDir() + "/deploy/prometheus/prometheus.yml.in");
     EXPECT_FALSE(tmpl.empty()) << "cannot read deploy/prometheus/prometheus.yml.in";
     return absl::StrReplaceAll(
         tmpl, {{"@SCRAPE_INTERVAL@", "1s"},
@@ -104,18 +103,18 @@ class PrometheusServerTest : public ::testing::Test {
     for (int attempt = 0; attempt < 3; ++attempt) {
       absl::StatusOr<int> port = PickFreePort();
       ASSERT_TRUE(port.ok()) << port.status();
-      absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(
-          {prometheus_bin_, absl::StrCat("--config.file=", config_path),
-           absl::StrCat("--storage.tsdb.path=", dir_, "/tsdb"),
-           absl::StrCat("--web.listen-address=127.0.0.1:", *port),
-           "--storage.tsdb.retention.time=1h", "--log.level=warn"},
-          dir_ + "/prometheus.log");
+      absl::StatusOr<std::unique_ptr<ChildProcess>> p =
+          ChildProcess::Start({prometheus_bin_, absl::StrCat("--config.file=", config_path),
+                               absl::StrCat("--storage.tsdb.path=", dir_, "/tsdb"),
+                               absl::StrCat("--web.listen-address=127.0.0.1:", *port),
+                               "--storage.tsdb.retention.time=1h", "--log.level=warn"},
+                              dir_ + "/prometheus.log");
       ASSERT_TRUE(p.ok()) << p.status();
       prometheus_ = std::move(*p);
       port_ = *port;
-      const bool ready = WaitFor(
-          [&] { return !prometheus_->running() || HttpGet(port_, "/-/ready").ok(); },
-          absl::Seconds(60));
+      const bool ready =
+          WaitFor([&] { return !prometheus_->running() || HttpGet(port_, "/-/ready").ok(); },
+                  absl::Seconds(60));
       if (ready && prometheus_->running()) return;
       prometheus_->Stop();
     }
@@ -179,7 +178,8 @@ TEST_F(PrometheusServerTest, ReportsWhatThePerUpdateLogSays) {
         [&] {
           updates = QueryOne(port_, absl::StrCat("trainstep_optimizer_updates_total", sel));
           got_scale = QueryOne(port_, absl::StrCat("trainstep_loss_scale", sel));
-          got_skips = QueryOne(port_, absl::StrCat("sum(trainstep_windows_skipped_total", sel, ")"));
+          got_skips =
+              QueryOne(port_, absl::StrCat("sum(trainstep_windows_skipped_total", sel, ")"));
           return updates == static_cast<double>(commits) && got_scale == scale &&
                  got_skips == static_cast<double>(skips);
         },

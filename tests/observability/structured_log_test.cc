@@ -100,9 +100,9 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
       EXPECT_NE(JsonPath(*v, {d->field(i)->name()}), nullptr)
           << d->field(i)->name() << " missing in " << line;
     }
-    const auto key = std::make_pair(
-        static_cast<int64_t>(JsonPath(*v, {"generation"})->number_value()),
-        static_cast<int64_t>(JsonPath(*v, {"window_id"})->number_value()));
+    const auto key =
+        std::make_pair(static_cast<int64_t>(JsonPath(*v, {"generation"})->number_value()),
+                       static_cast<int64_t>(JsonPath(*v, {"window_id"})->number_value()));
     EXPECT_TRUE(windows.emplace(key, *v).second) << "window logged twice: " << line;
   }
   EXPECT_GT(other_lines, 0) << "no ordinary lines (listening, submitted, stopped)";
@@ -125,7 +125,8 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
         case FieldDescriptor::CPPTYPE_DOUBLE: {
           const double want = refl->GetDouble(r, f);
           if (std::isfinite(want)) {
-            EXPECT_DOUBLE_EQ(got->number_value(), want) << f->name() << " of window " << r.window_id();
+            EXPECT_DOUBLE_EQ(got->number_value(), want)
+                << f->name() << " of window " << r.window_id();
           } else {
             EXPECT_TRUE(got->has_null_value()) << f->name() << ": non-finite must be null";
           }
@@ -166,10 +167,10 @@ TEST_F(StructuredLogTest, TextLinesAreForPeople) {
 
 // A format that does not exist is refused before anything starts.
 TEST_F(StructuredLogTest, UnknownFormatIsRefused) {
-  const ProcessResult r = RunProgram({BinDir() + "/trainstep-coordinator", "--log-format", "xml",
-                                      "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                                      "--state-dir", dir_ + "/state"},
-                                     "", absl::Seconds(30));
+  const ProcessResult r =
+      RunProgram({BinDir() + "/trainstep-coordinator", "--log-format", "xml", "--listen",
+                  "127.0.0.1:0", "--metrics-listen", "", "--state-dir", dir_ + "/state"},
+                 "", absl::Seconds(30));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(absl::StrContains(r.output, "text or json")) << r.output;
 }

@@ -38,21 +38,24 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(WorkerClient* cl
   c->device_ = options.device;
   auto base = c10::make_intrusive<CoordinatorStore>(client, job_id, Millis(options.timeout));
   auto store = c10::make_intrusive<c10d::PrefixStore>(a.store_prefix(), base);
-  absl::Status s = Catching(absl::StrCat("joining generation ", a.generation(), " as rank ",
-                                         a.rank(), " of ", a.world_size()),
-                            [&] {
+  absl::Status s = Catching(
+      absl::StrCat("joining generation ", a.generation(), " as rank ", a.rank(), " of ",
+                   a.world_size()),
+      [&] {
 #ifdef TRAINSTEP_WITH_CUDA
-    if (options.device.is_cuda()) {
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = Millis(options.timeout);
-      c->group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, a.rank(), a.world_size(), opts);
-      return;
-    }
+        if (options.device.is_cuda()) {
+          auto opts = c10d::ProcessGroupNCCL::Options::create();
+          opts->timeout = Millis(options.timeout);
+          c->group_ =
+              c10::make_intrusive<c10d::ProcessGroupNCCL>(store, a.rank(), a.world_size(), opts);
+          return;
+        }
 #endif
-    auto opts = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
-    c->group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, a.rank(), a.world_size(), opts);
-  });
+        auto opts = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+        c->group_ =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(store, a.rank(), a.world_size(), opts);
+      });
   if (!s.ok()) return s;
   return c;
 }
@@ -78,7 +81,8 @@ absl::StatusOr<AllReduceStats> Collective::AllReduceSum(const std::vector<at::Te
       for (const at::Tensor& t : members) flat_views.push_back(t.reshape({-1}));
       bucket = {at::cat(flat_views)};
     } catch (const std::exception& e) {  // a local fault, not a lost peer: fail, do not rejoin
-      return absl::InternalError(absl::StrCat("packing gradients for the all-reduce: ", ShortWhat(e)));
+      return absl::InternalError(
+          absl::StrCat("packing gradients for the all-reduce: ", ShortWhat(e)));
     }
     absl::Status s = Catching("gradient all-reduce", [&] { group_->allreduce(bucket)->wait(); });
     if (!s.ok()) return s;

@@ -26,7 +26,7 @@ inline constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;
 
 struct CollectiveOptions {
   at::Device device = at::kCPU;
-  std::string host = "127.0.0.1";           // the address peers reach this worker at
+  std::string host = "127.0.0.1";               // the address peers reach this worker at
   absl::Duration timeout = absl::Seconds(120);  // rendezvous and each collective
 };
 

@@ -11,7 +11,9 @@ namespace {
 absl::Duration ToAbsl(std::chrono::milliseconds ms) { return absl::Milliseconds(ms.count()); }
 
 std::string ToString(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> ToBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::vector<uint8_t> ToBytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
 
 template <typename T>
 T OrThrow(absl::StatusOr<T> r, const std::string& what) {
@@ -33,8 +35,9 @@ void CoordinatorStore::set(const std::string& key, const std::vector<uint8_t>& v
 std::vector<uint8_t> CoordinatorStore::compareSet(const std::string& key,
                                                   const std::vector<uint8_t>& expected,
                                                   const std::vector<uint8_t>& desired) {
-  return ToBytes(OrThrow(client_->StoreCompareSet(job_id_, key, ToString(expected), ToString(desired)),
-                         "compareSet " + key));
+  return ToBytes(
+      OrThrow(client_->StoreCompareSet(job_id_, key, ToString(expected), ToString(desired)),
+              "compareSet " + key));
 }
 
 std::vector<uint8_t> CoordinatorStore::get(const std::string& key) {

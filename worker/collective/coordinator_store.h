@@ -4,9 +4,8 @@
 #ifndef TRAINSTEP_WORKER_COLLECTIVE_COORDINATOR_STORE_H_
 #define TRAINSTEP_WORKER_COLLECTIVE_COORDINATOR_STORE_H_
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "common/worker_client.h"
@@ -28,7 +27,8 @@ class CoordinatorStore : public c10d::Store {
   bool check(const std::vector<std::string>& keys) override;
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
 
  private:
   WorkerClient* client_;

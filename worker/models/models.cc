@@ -1,9 +1,9 @@
 // The built-in models (tiny_gpt, mlp) and the TorchScript wrapper.
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/script.h>
@@ -28,7 +28,9 @@ struct AttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
     std::vector<at::Tensor> parts = qkv(x).chunk(3, /*dim=*/2);
-    auto heads = [&](const at::Tensor& y) { return y.view({b, t, n_head, d_head}).transpose(1, 2); };
+    auto heads = [&](const at::Tensor& y) {
+      return y.view({b, t, n_head, d_head}).transpose(1, 2);
+    };
     at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d_head));
     // Right padding plus a causal mask: real positions never see the padding after them.
@@ -69,7 +71,8 @@ struct TinyGptImpl : torch::nn::Module {
     pos_emb = register_module("pos_emb", torch::nn::Embedding(s.seq_len(), s.d_model()));
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (int i = 0; i < s.n_layer(); ++i) blocks->push_back(Block(s.d_model(), s.n_head()));
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model()})));
+    ln_f =
+        register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model()})));
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(s.d_model(), vocab)));
   }
   at::Tensor forward(const at::Tensor& ids) {
@@ -126,7 +129,8 @@ class TorchScriptModel : public Model {
   }
   NamedTensors NamedParameters() override {
     NamedTensors out;
-    for (const auto& p : module_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    for (const auto& p : module_.named_parameters(/*recurse=*/true))
+      out.emplace_back(p.name, p.value);
     return out;
   }
   NamedTensors NamedBuffers() override {
@@ -162,16 +166,17 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
   torch::manual_seed(resolved.seed());
   switch (m.kind_case()) {
     case v1::Model::kTinyGpt:
-      return std::unique_ptr<Model>(
-          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), /*vocab=*/256)));
+      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), /*vocab=*/256)));
     case v1::Model::kMlp:
       return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp())));
     case v1::Model::kTorchscript: {
       try {
-        return std::unique_ptr<Model>(new TorchScriptModel(torch::jit::load(m.torchscript().path())));
+        return std::unique_ptr<Model>(
+            new TorchScriptModel(torch::jit::load(m.torchscript().path())));
       } catch (const std::exception& e) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.torchscript.path: cannot load ", m.torchscript().path(), ": ", ShortWhat(e, 400)));
+        return absl::InvalidArgumentError(absl::StrCat("model.torchscript.path: cannot load ",
+                                                       m.torchscript().path(), ": ",
+                                                       ShortWhat(e, 400)));
       }
     }
     case v1::Model::KIND_NOT_SET:

@@ -124,8 +124,10 @@ class CoordinatorTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) {
       v1::RegisterWorkerRequest req;
       req.set_job_id(job);
-      absl::StatusOr<v1::RegisterWorkerResponse> r = Sync<v1::RegisterWorkerResponse>(
-          [&](Done<v1::RegisterWorkerResponse> d) { coordinator_->RegisterWorker(req, std::move(d)); });
+      absl::StatusOr<v1::RegisterWorkerResponse> r =
+          Sync<v1::RegisterWorkerResponse>([&](Done<v1::RegisterWorkerResponse> d) {
+            coordinator_->RegisterWorker(req, std::move(d));
+          });
       EXPECT_TRUE(r.ok()) << r.status();
       ids.push_back(r.ok() ? r->worker_id() : "");
     }
@@ -177,7 +179,8 @@ class CoordinatorTest : public ::testing::Test {
     for (auto& b : begins) EXPECT_TRUE(b.Get().ok());
     std::vector<Call<v1::CompleteWindowResponse>> completes(ranks.size());
     for (size_t r = 0; r < ranks.size(); ++r) {
-      coordinator_->CompleteWindow(Complete(job, ranks, r, window, 10), completes[r].done(), nullptr);
+      coordinator_->CompleteWindow(Complete(job, ranks, r, window, 10), completes[r].done(),
+                                   nullptr);
     }
     v1::WindowDecision first;
     for (size_t r = 0; r < ranks.size(); ++r) {
@@ -249,7 +252,8 @@ TEST_F(CoordinatorTest, ClaimedHandleStopsTheWaiter) {
   ASSERT_TRUE(handle->Claim());  // the RPC layer gave up on it
 
   Call<v1::BeginWindowResponse> last;
-  coordinator_->BeginWindow(Begin(job, ranks, 1, 1, 6), last.done(), std::make_shared<CallHandle>());
+  coordinator_->BeginWindow(Begin(job, ranks, 1, 1, 6), last.done(),
+                            std::make_shared<CallHandle>());
   ASSERT_TRUE(last.Get().ok());
   clock_.Advance(absl::Seconds(1));
   coordinator_->Tick();
@@ -357,9 +361,9 @@ TEST_F(CoordinatorTest, StoreGetWaitsUntilStoreSet) {
   set.set_job_id(job);
   set.set_key("job-1/g1/addr");
   set.set_value("10.0.0.1:29500");
-  ASSERT_TRUE(Sync<v1::StoreSetResponse>(
-                  [&](Done<v1::StoreSetResponse> d) { coordinator_->StoreSet(set, std::move(d)); })
-                  .ok());
+  ASSERT_TRUE(Sync<v1::StoreSetResponse>([&](Done<v1::StoreSetResponse> d) {
+                coordinator_->StoreSet(set, std::move(d));
+              }).ok());
   absl::StatusOr<v1::StoreGetResponse> got = get.Get();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->value(), "10.0.0.1:29500");
@@ -380,7 +384,9 @@ TEST_F(CoordinatorTest, StoreGetWaitsUntilStoreSet) {
   unknown.set_key("k");
   EXPECT_EQ(Sync<v1::StoreGetResponse>([&](Done<v1::StoreGetResponse> d) {
               coordinator_->StoreGet(unknown, std::move(d), nullptr);
-            }).status().code(),
+            })
+                .status()
+                .code(),
             absl::StatusCode::kNotFound);
 }
 

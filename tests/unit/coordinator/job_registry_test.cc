@@ -274,7 +274,8 @@ TEST(JobRegistryTest, NextDeadlineIsEarliestOfAllJobs) {
 // Fields that are not journaled on purpose (DESIGN: leases are rebuilt by the workers).
 void ClearEphemeral(v1::CoordinatorSnapshot* s) {
   for (v1::JobSnapshot& job : *s->mutable_jobs()) {
-    for (v1::WorkerSnapshot& w : *job.mutable_workers()) w.mutable_info()->clear_last_heartbeat_ms();
+    for (v1::WorkerSnapshot& w : *job.mutable_workers())
+      w.mutable_info()->clear_last_heartbeat_ms();
   }
 }
 
@@ -474,12 +475,13 @@ TEST(JournalReplayTest, ReplayAndRestoreEqualLiveAtEveryStep) {
   }
   EXPECT_EQ(kinds.size(), 8u);
   EXPECT_TRUE(rolled_back);
-  for (const char* k : {"commit/", "skip/OVERFLOW", "skip/EMPTY_WINDOW", "skip/NONFINITE_LOSS",
-                        "abort/DESYNC"}) {
+  for (const char* k :
+       {"commit/", "skip/OVERFLOW", "skip/EMPTY_WINDOW", "skip/NONFINITE_LOSS", "abort/DESYNC"}) {
     EXPECT_GT(seen[k], 0) << k;
   }
   int lost_aborts = 0;
-  for (const v1::UpdateRecord& u : sim.machine().updates()) lost_aborts += u.reason() == "WORKER_LOST";
+  for (const v1::UpdateRecord& u : sim.machine().updates())
+    lost_aborts += u.reason() == "WORKER_LOST";
   EXPECT_GT(lost_aborts, 0);
   EXPECT_GT(sim.progress().optimizer_update_id(), 5);
   EXPECT_GT(checker.checks(), 100);

@@ -28,7 +28,7 @@ struct SpecOptions {
   int workers = 2;
   int micro_batch_size = 1;
   int accumulation_steps = 2;
-  std::string tail = "dynamic";   // dynamic | drop
+  std::string tail = "dynamic";    // dynamic | drop
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   std::string loss_scaler;         // JSON object, "" = resolver defaults
   std::optional<int64_t> max_updates;
@@ -43,13 +43,13 @@ struct SpecOptions {
 inline std::string SpecJson(const SpecOptions& o) {
   std::string json = absl::StrCat(
       R"({"name":"t","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
-      R"("batch":{"micro_batch_size":)", o.micro_batch_size,
-      R"(,"accumulation_steps":)", o.accumulation_steps, R"(,"tail":")", o.tail, R"("},)",
-      R"("precision":")", o.precision, R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},",
-      R"("workers":{"count":)", o.workers, "}");
+      R"("batch":{"micro_batch_size":)", o.micro_batch_size, R"(,"accumulation_steps":)",
+      o.accumulation_steps, R"(,"tail":")", o.tail, R"("},)", R"("precision":")", o.precision,
+      R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},", R"("workers":{"count":)", o.workers, "}");
   if (!o.loss_scaler.empty()) absl::StrAppend(&json, R"(,"loss_scaler":)", o.loss_scaler);
   if (!o.schedule.empty()) absl::StrAppend(&json, R"(,"schedule":)", o.schedule);
-  if (o.max_grad_norm) absl::StrAppend(&json, R"(,"clip":{"max_grad_norm":)", *o.max_grad_norm, "}");
+  if (o.max_grad_norm)
+    absl::StrAppend(&json, R"(,"clip":{"max_grad_norm":)", *o.max_grad_norm, "}");
   std::string stop;
   if (o.max_updates) absl::StrAppend(&stop, R"("max_updates":)", *o.max_updates);
   if (o.epochs) absl::StrAppend(&stop, stop.empty() ? "" : ",", R"("epochs":)", *o.epochs);
@@ -247,13 +247,14 @@ class SimulatedRanks {
   absl::StatusOr<Answer<v1::BeginWindowResponse>> Begin(int rank, int64_t window, int64_t units) {
     return Begin(BeginRequest(rank, window, units));
   }
-  absl::StatusOr<Answer<v1::CompleteWindowResponse>> Complete(const v1::CompleteWindowRequest& req) {
+  absl::StatusOr<Answer<v1::CompleteWindowResponse>> Complete(
+      const v1::CompleteWindowRequest& req) {
     auto a = machine().CompleteWindow(req, now_);
     Drain();
     return a;
   }
   absl::StatusOr<Answer<v1::CompleteWindowResponse>> Complete(int rank, int64_t window,
-                                                             const RankReport& r) {
+                                                              const RankReport& r) {
     return Complete(CompleteRequest(rank, window, r));
   }
 

@@ -18,8 +18,8 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing_util::Reports;
 using testing_util::RankReport;
+using testing_util::Reports;
 using testing_util::ResolvedSpec;
 using testing_util::SimulatedRanks;
 using testing_util::SpecOptions;
@@ -58,8 +58,8 @@ void ExpectAllFinite(const google::protobuf::Message& m, const std::string& path
 SpecOptions Fp16(double init_scale = 1024, int64_t growth_interval = 1000) {
   SpecOptions o;
   o.precision = "fp16";
-  o.loss_scaler = absl::StrCat(R"({"init_scale":)", init_scale, R"(,"growth_interval":)",
-                               growth_interval, "}");
+  o.loss_scaler =
+      absl::StrCat(R"({"init_scale":)", init_scale, R"(,"growth_interval":)", growth_interval, "}");
   return o;
 }
 
@@ -328,7 +328,8 @@ TEST(StepMachineTest, CommitAdvancesIdsTogether) {
   sim.Start(2);
   sim.Advance(absl::Seconds(3));
 
-  const v1::WindowDecision d1 = sim.RunWindow({{10, 10, false, 0.5, 2, 1}, {10, 10, false, 0.5, 2, 1}});
+  const v1::WindowDecision d1 =
+      sim.RunWindow({{10, 10, false, 0.5, 2, 1}, {10, 10, false, 0.5, 2, 1}});
   EXPECT_EQ(d1.outcome(), v1::COMMIT);
   EXPECT_EQ(d1.reason(), "");
   EXPECT_EQ(d1.optimizer_update_id(), 1);
@@ -599,7 +600,8 @@ TEST(StepMachineTest, DesyncAbortsAndReformsSameMembers) {
   inf.found_inf = true;
   RankReport calls = base;
   calls.allreduce_calls = 2;
-  for (const Case& c : {Case{"grad norm", norm}, Case{"found_inf", inf}, Case{"allreduce", calls}}) {
+  for (const Case& c :
+       {Case{"grad norm", norm}, Case{"found_inf", inf}, Case{"allreduce", calls}}) {
     SCOPED_TRACE(c.name);
     SimulatedRanks sim(ResolvedSpec(WithCheckpoints(100, Fp16(1024))));
     sim.Start(2);
@@ -765,8 +767,7 @@ TEST(StepMachineTest, RejectsOutOfProtocolReports) {
   EXPECT_EQ(CodeOf(sim.machine().Heartbeat(unknown_hb, sim.now())), absl::StatusCode::kNotFound);
   v1::ReportFailureRequest unknown_f;
   unknown_f.set_worker_id("w-999");
-  EXPECT_EQ(CodeOf(sim.machine().ReportFailure(unknown_f, sim.now())),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(sim.machine().ReportFailure(unknown_f, sim.now())), absl::StatusCode::kNotFound);
 
   // Wrong rank.
   v1::BeginWindowRequest wrong_rank = sim.BeginRequest(0, 1, 10);
@@ -936,8 +937,8 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   const double scale_at_ckpt = sim.progress().loss_scale();
   RankReport inf;
   inf.found_inf = true;
-  sim.RunWindow(Reports(2, inf));  // window 3: skip, scale backs off
-  sim.RunWindow();                 // window 4: update 3
+  sim.RunWindow(Reports(2, inf));                 // window 3: skip, scale backs off
+  sim.RunWindow();                                // window 4: update 3
   const v1::WindowDecision d5 = sim.RunWindow();  // update 4: checkpoint 2, never acked
   ASSERT_TRUE(d5.write_checkpoint());
   ASSERT_EQ(sim.progress().optimizer_update_id(), 4);

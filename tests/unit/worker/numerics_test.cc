@@ -33,8 +33,8 @@ data::Sample Tokens(std::vector<int32_t> ids, std::vector<int32_t> labels = {}) 
 
 // Catches: mean instead of sum, the causal shift off by one, -100 counted as a target.
 TEST(LossTest, TokenLossIsASumOverShiftedUnmaskedLabels) {
-  data::Dataset d = data::Dataset::FromSamples(
-      {Tokens({1, 2, 3, 4}, {1, -100, 3, 4}), Tokens({5, 6})});
+  data::Dataset d =
+      data::Dataset::FromSamples({Tokens({1, 2, 3, 4}, {1, -100, 3, 4}), Tokens({5, 6})});
   data::MicroBatch mb = data::Collate(d, {0, 1});
   EXPECT_EQ(mb.valid_tokens, 2 + 1);  // labels[1:] not -100: {3,4} and {6}
   MicroBatchTensors t = ToTensors(mb, /*token_level=*/true, at::kCPU);
@@ -149,9 +149,7 @@ TEST(OptimTest, GroupsAndFrozenPrefixes) {
 TEST(OptimTest, AdamStateRoundTrips) {
   const v1::JobSpec spec = Spec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}},
       "optimizer":{"adamw":{"lr":0.01}}})");
-  auto make = [] {
-    return NamedTensors{{"w", torch::ones({4}, torch::requires_grad())}};
-  };
+  auto make = [] { return NamedTensors{{"w", torch::ones({4}, torch::requires_grad())}}; };
   NamedTensors a = make(), b = make();
   std::unique_ptr<Optim> oa = *Optim::Build(spec, a);
   std::unique_ptr<Optim> ob = *Optim::Build(spec, b);
