@@ -44,7 +44,8 @@ constexpr char kGlobalFlags[] =
     "  --coordinator HOST:PORT  coordinator address (default: $TRAINSTEP_COORDINATOR, else "
     "127.0.0.1:7070)\n"
     "  -o, --output FORMAT      table (default) or json; job logs also takes jsonl\n"
-    "  --timeout DURATION       deadline of each call, e.g. 500ms, 10s, 2m (default 10s)\n"
+    "  --timeout DURATION       deadline of each call, e.g. 500ms, 10s, 2m (default 10s); job\n"
+    "                           watch: give up when the job makes no progress for that long\n"
     "  -h, --help               print the usage of the command given and exit\n";
 
 std::string TopUsage() {
@@ -77,6 +78,7 @@ std::string TopUsage() {
       "  4  not found: no such job\n"
       "  5  the job failed (job watch, job submit --watch)\n"
       "  6  the job was cancelled (job watch, job submit --watch)\n"
+      "  7  no progress: job watch --timeout passed without a new state or update\n"
       "\n"
       "Run 'trainstep <noun> <verb> --help' for the flags of a command.\n");
   return s;
@@ -112,14 +114,22 @@ std::string VerbUsage(const Verb& v) {
           "                   and the current minute, so an accidental double submit within a\n"
           "                   minute returns the same job)\n"
           "  --watch          after submitting, follow the job as `trainstep job watch` does\n"
-          "                   (exit code 5 if it fails, 6 if it is cancelled)\n");
+          "                   (exit code 5 if it fails, 6 if it is cancelled; with --timeout,\n"
+          "                   7 if it makes no progress for that long)\n\n"
+          "A request id reused with a different spec is refused (exit code 2). A spec larger\n"
+          "than the coordinator's message limit (4 MiB) is refused before it is sent.\n");
       break;
     case Command::kJobWatch:
       absl::StrAppend(
           &s,
-          "\n\nOn a terminal, one live progress line on stderr; otherwise one line per update.\n"
+          " [--timeout DURATION]\n\n"
+          "On a terminal, one live progress line on stderr; otherwise one line per update.\n"
           "Ends when the job ends, with a one-line summary. Exit code 0 if the job succeeded,\n"
-          "5 if it failed, 6 if it was cancelled.\n");
+          "5 if it failed, 6 if it was cancelled.\n\n"
+          "Flags:\n"
+          "  --timeout DURATION  give up (exit code 7) when the job shows no progress, neither\n"
+          "                      a new state nor a new update, for this long (default: wait as\n"
+          "                      long as the job runs; a PENDING job may wait for workers)\n");
       break;
     case Command::kJobLogs:
       absl::StrAppend(&s,
@@ -358,6 +368,7 @@ ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& en
                         name);
     }
     inv.timeout = d;
+    inv.timeout_given = true;
   }
   if (raw.coordinator.has_value()) {
     if (raw.coordinator->empty()) return UsageError("--coordinator must not be empty", name);

@@ -20,6 +20,7 @@ enum ExitCode : int {
   kExitNotFound = 4,      // unknown job
   kExitJobFailed = 5,     // the watched job FAILED
   kExitJobCancelled = 6,  // the watched job was CANCELLED
+  kExitNoProgress = 7,    // job watch --timeout: the job made no progress for that long
 };
 
 inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
@@ -45,6 +46,7 @@ struct Invocation {
   std::string coordinator;  // resolved: flag, else $TRAINSTEP_COORDINATOR, else the default
   Output output = Output::kTable;
   absl::Duration timeout = absl::Seconds(10);  // per unary call
+  bool timeout_given = false;                  // --timeout on the line (job watch uses it)
   std::string job_id;                          // job get|watch|cancel|logs ID; worker list --job
   std::string spec_path;                       // job submit; "-" = stdin
   std::string request_id;  // job submit --request-id; empty = derived from the spec

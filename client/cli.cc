@@ -44,6 +44,7 @@ int RunCli(const std::vector<std::string>& args, const ProcessEnvironment& env, 
   ctx.stub = stub.get();
   ctx.coordinator = inv.coordinator;
   ctx.timeout = inv.timeout;
+  if (inv.timeout_given) ctx.watch_no_progress_timeout = inv.timeout;
   ctx.output = inv.output;
   ctx.in = &in;
   ctx.out = &out;

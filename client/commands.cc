@@ -21,6 +21,7 @@
 #include "client/progress.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
+#include "common/worker_client.h"
 
 namespace trainstep::client {
 namespace {
@@ -67,6 +68,8 @@ uint64_t Fnv1a(std::string_view bytes, uint64_t h = 14695981039346656037ull) {
   }
   return h;
 }
+
+std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 int64_t UnixMinute(absl::Time now) { return absl::ToUnixSeconds(now) / 60; }
 
@@ -213,8 +216,19 @@ int ReportRpcError(const CommandContext& ctx, const grpc::Status& status) {
                    "`, or pass --coordinator / set TRAINSTEP_COORDINATOR");
   switch (status.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::ALREADY_EXISTS:
       PrintError(ctx, status.error_message());
       return kExitUsage;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // gRPC's "Received message larger than max (5000123 vs. 4194304)": invalid input.
+      if (status.error_message().find("larger than max") != std::string::npos) {
+        PrintError(ctx, absl::StrCat("the request is larger than the coordinator accepts (bytes "
+                                     "sent vs. its limit): ",
+                                     status.error_message()));
+        return kExitUsage;
+      }
+      PrintError(ctx, status.error_message());
+      return kExitError;
     case grpc::StatusCode::NOT_FOUND:
       PrintError(ctx, status.error_message());
       return kExitNotFound;
@@ -243,6 +257,15 @@ int JobSubmit(const CommandContext& ctx, const std::string& spec_path,
   req.set_request_id(request_id.empty() ? DefaultRequestId(bytes, ctx.clock->Now()) : request_id);
   // Sent as is: the coordinator parses it, so its errors name the field the user wrote.
   req.set_spec_json(bytes);
+  if (req.ByteSizeLong() > static_cast<size_t>(kMaxMessageBytes)) {
+    PrintError(ctx, absl::StrFormat(
+                        "the spec %s is %d bytes (%s); the coordinator accepts "
+                        "requests of at most %d bytes (%s): refer to large data by "
+                        "path instead of inlining it",
+                        spec_path == "-" ? "on stdin" : absl::StrCat("\"", spec_path, "\""),
+                        bytes.size(), MiB(bytes.size()), kMaxMessageBytes, MiB(kMaxMessageBytes)));
+    return kExitUsage;
+  }
   v1::Job job;
   grpc::Status s = Call(ctx, &v1::JobService::StubInterface::SubmitJob, req, &job);
   if (!s.ok()) return ReportRpcError(ctx, s);
@@ -348,8 +371,16 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
   v1::JobState shown_state = v1::JOB_STATE_UNSPECIFIED;
   int64_t shown_generation = -1;
   std::optional<absl::Time> broken_since;
+  // --timeout: the stream's deadline is the moment the job has made no progress (a new state
+  // or a new update) for that long; reaching it with progress since, the stream is resumed.
+  std::string last_job_seen;
+  absl::Time last_progress = absl::Now();
   while (true) {
-    grpc::ClientContext call;  // no deadline: the stream lasts as long as the job
+    grpc::ClientContext call;  // without --timeout no deadline: it lasts as long as the job
+    if (ctx.watch_no_progress_timeout.has_value()) {
+      call.set_deadline(
+          DeadlineAfter(last_progress + *ctx.watch_no_progress_timeout - absl::Now()));
+    }
     v1::WatchJobRequest req;
     req.set_job_id(job_id);
     if (last_record.has_value()) req.set_from_window_id(last_record->second);
@@ -360,6 +391,11 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
       broken_since.reset();
       const absl::Time now = ctx.clock->Now();
       if (event.has_job()) {
+        std::string seen = event.job().SerializeAsString();
+        if (seen != last_job_seen) {
+          last_job_seen = std::move(seen);
+          last_progress = absl::Now();
+        }
         tracker.OnJob(event.job(), now);
         const v1::Job& job = event.job();
         if (!ctx.live_progress &&
@@ -374,6 +410,7 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
         const std::pair<int64_t, int64_t> key(r.generation(), r.window_id());
         if (last_record.has_value() && key <= *last_record) continue;
         last_record = key;
+        last_progress = absl::Now();
         tracker.OnUpdate(r, now);
         if (!ctx.live_progress) *ctx.err << UpdateLine(r) << "\n";
       }
@@ -381,6 +418,20 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        ctx.watch_no_progress_timeout.has_value()) {
+      if (absl::Now() - last_progress < *ctx.watch_no_progress_timeout) continue;  // resume
+      line.End();
+      PrintError(ctx,
+                 absl::StrCat(job_id, " made no progress for ",
+                              absl::FormatDuration(*ctx.watch_no_progress_timeout), " (--timeout)",
+                              tracker.has_job()
+                                  ? absl::StrCat(": it is ", JobStateName(tracker.job().state()),
+                                                 ", ", Workers(tracker.job()), " workers, ",
+                                                 UpdatesOfMax(tracker.job()), " updates")
+                                  : ""));
+      return kExitNoProgress;
+    }
     // A coordinator restart breaks the stream (UNAVAILABLE, or CANCELLED as the server shuts
     // down: this client never cancels its call). The journal keeps the job, so reconnect for
     // up to --timeout and resume after the last record shown.

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,9 @@ struct CommandContext {
   const Clock* clock = RealClock::Get();
   // Between reconnection attempts of a broken WatchJob stream.
   absl::Duration watch_retry_delay = absl::Milliseconds(500);
+  // job watch gives up (kExitNoProgress) after this long without a new state or update;
+  // unset = never.
+  std::optional<absl::Duration> watch_no_progress_timeout;
 };
 
 int JobSubmit(const CommandContext& ctx, const std::string& spec_path,
@@ -48,9 +52,10 @@ int WorkerList(const CommandContext& ctx, const std::string& job_id);
 // Runs the command an Invocation names.
 int RunCommand(const CommandContext& ctx, const Invocation& invocation);
 
-// Prints what a failed call means on ctx.err and returns its exit code: INVALID_ARGUMENT → 2
-// (the coordinator's message as is), UNAVAILABLE / DEADLINE_EXCEEDED → 3 (with what to do),
-// NOT_FOUND → 4, anything else → 1.
+// Prints what a failed call means on ctx.err and returns its exit code: INVALID_ARGUMENT,
+// ALREADY_EXISTS (a reused request id) and a message over the size limit (RESOURCE_EXHAUSTED)
+// → 2 (the coordinator's message as is), UNAVAILABLE / DEADLINE_EXCEEDED → 3 (with what to
+// do), NOT_FOUND → 4, anything else → 1.
 int ReportRpcError(const CommandContext& ctx, const grpc::Status& status);
 
 // The default request id of `job submit`: a hash of the spec's bytes and the minute of `now`,

@@ -89,8 +89,37 @@ absl::StatusOr<Resp> WorkerClient::CallWaiting(Method method, const Req& req,
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerClient::RegisterWorker(
     const v1::RegisterWorkerRequest& req) {
-  return CallWaiting<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
-      &v1::WorkerService::Stub::RegisterWorker, req, options_.rpc_timeout * 6);
+  const bool forever = options_.connect_timeout <= absl::ZeroDuration();
+  const absl::Time give_up = absl::Now() + options_.connect_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    const absl::Duration attempt =
+        forever ? options_.rpc_timeout
+                : std::max(absl::Milliseconds(100),
+                           std::min(options_.rpc_timeout, give_up - absl::Now()));
+    // Idempotent on the request id: a retry after a lost answer returns the same worker.
+    absl::StatusOr<v1::RegisterWorkerResponse> r =
+        Call<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+            &v1::WorkerService::Stub::RegisterWorker, req, attempt);
+    if (r.ok()) return r;
+    const absl::StatusCode code = r.status().code();
+    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded &&
+        code != absl::StatusCode::kCancelled) {
+      return r;
+    }
+    if (options_.on_connect_retry) options_.on_connect_retry(r.status());
+    if (!forever && absl::Now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer from the coordinator within ", absl::FormatDuration(options_.connect_timeout),
+          " (--connect-timeout); last error: ", absl::StatusCodeToString(code), ": ",
+          r.status().message()));
+    }
+    const absl::Duration nap = forever ? backoff : std::min(backoff, give_up - absl::Now());
+    if (nap > absl::ZeroDuration()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(nap)));
+    }
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
 }
 
 absl::StatusOr<v1::HeartbeatResponse> WorkerClient::Heartbeat(const v1::HeartbeatRequest& req) {

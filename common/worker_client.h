@@ -18,6 +18,10 @@
 
 namespace trainstep {
 
+// The largest message the coordinator receives: gRPC's default, set explicitly on its server
+// so that clients can check a request against it before sending it.
+inline constexpr int kMaxMessageBytes = 4 * 1024 * 1024;
+
 // A channel with the project's conventions: keepalive 30 s / 10 s, transparent retries of
 // UNAVAILABLE (5 attempts, exponential backoff), default 4 MiB messages.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
@@ -27,6 +31,10 @@ struct WorkerClientOptions {
   absl::Duration barrier_poll = absl::Seconds(30);   // one barrier call's deadline; then re-sent
   absl::Duration give_up_after = absl::Minutes(30);  // a barrier or store wait never answered
   absl::Duration max_backoff = absl::Seconds(2);
+  // RegisterWorker keeps trying an unreachable (or silent, or garbled) coordinator this long;
+  // zero = forever. Each failed attempt is passed to on_connect_retry (may be empty).
+  absl::Duration connect_timeout = absl::Minutes(2);
+  std::function<void(const absl::Status&)> on_connect_retry;
   // Asked between retries of a barrier; returning false stops waiting (e.g. the job ended).
   std::function<bool()> keep_waiting;
 };
@@ -35,6 +43,8 @@ class WorkerClient {
  public:
   WorkerClient(std::shared_ptr<grpc::Channel> channel, WorkerClientOptions options = {});
 
+  // Retries UNAVAILABLE / DEADLINE_EXCEEDED for up to options.connect_timeout, then fails with
+  // DEADLINE_EXCEEDED naming the wait and the last error.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
   absl::StatusOr<v1::BeginWindowResponse> BeginWindow(const v1::BeginWindowRequest& req);

@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
       }
       c->registry_.Apply(record);
     }
-    c->registry_.RenewAllLeases(now);
+    c->registry_.Recovered(now);
     if (metrics != nullptr) {
       metrics->OnJobStates(c->registry_.List());
       for (const v1::Job& job : c->registry_.List()) {
@@ -95,6 +95,8 @@ void Coordinator::Shutdown() {
       if (c.has_value()) completions.push_back(std::move(*c));
     }
     waiters_.clear();
+    // A coordinator whose Open failed has no journal (and nothing to answer or flush).
+    if (journal_ == nullptr) return;
     seq = journal_->last_appended();
   }
   // Answer now, not via the syncer: the server cancels whatever is unanswered next.
@@ -277,7 +279,12 @@ absl::Time Coordinator::Tick() {
     const absl::Time now = options_.clock->Now();
     next = now + kMaxTickInterval;
     if (shutting_down_) return next;
-    registry_.Tick(now);
+    if (std::optional<absl::Duration> stall = registry_.Tick(now)) {
+      LogWarning(
+          absl::StrCat("the coordinator did not run for ", absl::FormatDuration(*stall),
+                       " (paused, frozen or starved?): every worker's lease restarts now, "
+                       "so that heartbeats queued meanwhile are read before anyone expires"));
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
     }

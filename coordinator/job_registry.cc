@@ -1,12 +1,14 @@
 #include "coordinator/job_registry.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace trainstep {
 namespace {
@@ -52,10 +54,6 @@ std::string JobIdOf(const v1::JournalRecord& record) {
 std::string JobRegistry::NewJobId() { return absl::StrCat(kJobPrefix, next_job_number_); }
 
 absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, absl::Time now) {
-  if (!req.request_id().empty()) {
-    auto it = job_by_request_.find(req.request_id());
-    if (it != job_by_request_.end()) return jobs_.at(it->second)->Job();
-  }
   v1::JobSpec resolved;
   switch (req.source_case()) {
     case v1::SubmitJobRequest::kSpecJson: {
@@ -68,6 +66,21 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
     }
     default:
       return absl::InvalidArgumentError("spec_json or spec is required");
+  }
+  if (!req.request_id().empty()) {
+    auto it = job_by_request_.find(req.request_id());
+    if (it != job_by_request_.end()) {
+      // AIP-155: a retry of the same request gets the earlier result; another request under
+      // the same id is an error. Same = the same resolved spec (the journaled one).
+      v1::Job earlier = jobs_.at(it->second)->Job();
+      if (!google::protobuf::util::MessageDifferencer::Equals(earlier.spec(), resolved)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id \"", req.request_id(), "\" was already used for ", earlier.job_id(),
+            " with a different spec; a request id may only be reused to retry the same request "
+            "(submit another job under a new request id)"));
+      }
+      return earlier;
+    }
   }
   v1::Job job;
   job.set_job_id(NewJobId());
@@ -201,12 +214,19 @@ void JobRegistry::IndexWorker(const std::string& worker_id, const std::string& j
   next_worker_number_ = std::max(next_worker_number_, IdNumber(worker_id, kWorkerPrefix) + 1);
 }
 
-void JobRegistry::RenewAllLeases(absl::Time now) {
-  for (auto& [id, m] : jobs_) m->RenewAllLeases(now);
+void JobRegistry::Recovered(absl::Time now) {
+  for (auto& [id, m] : jobs_) m->Recovered(now);
 }
 
-void JobRegistry::Tick(absl::Time now) {
+std::optional<absl::Duration> JobRegistry::Tick(absl::Time now) {
+  const std::optional<absl::Time> previous = std::exchange(last_tick_, now);
+  if (previous.has_value() && now - *previous > StallThreshold()) {
+    // Process what arrived during the stall before expiring anyone: a full lease from now.
+    for (auto& [id, m] : jobs_) m->RenewAllLeases(now);
+    return now - *previous;
+  }
   for (auto& [id, m] : jobs_) m->Tick(now);
+  return std::nullopt;
 }
 
 std::optional<absl::Time> JobRegistry::NextDeadline() const {
@@ -214,6 +234,11 @@ std::optional<absl::Time> JobRegistry::NextDeadline() const {
   for (const auto& [id, m] : jobs_) {
     std::optional<absl::Time> t = m->NextDeadline();
     if (t && (!next || *t < *next)) next = t;
+  }
+  // Tick often enough that only a real stall looks like one.
+  if (last_tick_.has_value()) {
+    const absl::Time due = *last_tick_ + StallThreshold() / 2;
+    next = next.has_value() ? std::min(*next, due) : due;
   }
   return next;
 }

@@ -42,8 +42,16 @@ class JobRegistry {
   absl::StatusOr<const StepMachine*> Machine(const std::string& job_id) const;
 
   // --- Time ---
-  void Tick(absl::Time now);
+  // Expires leases, unless the time since the previous Tick shows the coordinator itself was
+  // stalled (paused, frozen, swapped out): then the workers' heartbeats are still queued,
+  // unread, so every lease restarts at `now` instead and nobody expires. Returns how long the
+  // coordinator was stalled, if it was. The driver must tick at least every
+  // StallThreshold() / 2 (NextDeadline asks for that), so that a normal gap is never a stall.
+  std::optional<absl::Duration> Tick(absl::Time now);
   std::optional<absl::Time> NextDeadline() const;
+  // Half a lease: a shorter stall cannot cost a worker that heartbeats every lease / 5 its
+  // lease.
+  absl::Duration StallThreshold() const { return options_.worker_lease / 2; }
 
   // --- Journal ---
   // Every record produced since the last call, in the order they were applied.
@@ -51,8 +59,9 @@ class JobRegistry {
   void Apply(const v1::JournalRecord& record);
   v1::CoordinatorSnapshot Snapshot() const;
   void Restore(const v1::CoordinatorSnapshot& snapshot, absl::Time now);
-  // Leases restart at `now` after a replay (the workers were alive when we went down).
-  void RenewAllLeases(absl::Time now);
+  // After a replay: every machine's Recovered (leases restart at `now`: the workers were
+  // alive when we went down).
+  void Recovered(absl::Time now);
 
  private:
   void Index(const StepMachine& machine);
@@ -68,6 +77,7 @@ class JobRegistry {
   std::map<std::string, std::string> job_of_worker_;          // worker_id -> job_id
   int64_t next_job_number_ = 1;
   int64_t next_worker_number_ = 1;
+  std::optional<absl::Time> last_tick_;     // ephemeral; unset before the first Tick
   std::vector<v1::JournalRecord> pending_;  // records of machines created in Submit
 };
 

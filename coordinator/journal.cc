@@ -26,10 +26,31 @@
 namespace trainstep {
 namespace {
 
-constexpr size_t kHeaderSize = 8;  // fixed32 length + fixed32 masked CRC32C.
+constexpr std::string_view kMagic = "TSJOURNL";
+constexpr uint32_t kFormatVersion = 2;
+constexpr size_t kFileHeaderSize = 16;    // magic + fixed32 version + fixed32 kind
+constexpr size_t kRecordHeaderSize = 12;  // length + payload CRC + header CRC
+constexpr char kEndMarker = '\xA5';
+constexpr size_t kLegacyHeaderSize = 8;  // format 1: length + payload CRC
+// Looking for intact format-1 records after a damaged length costs CRC passes; past this many
+// bytes the search gives up and the damage counts as corruption (never as a torn tail).
+constexpr uint64_t kMaxLegacyResyncBytes = uint64_t{64} << 20;
+
 constexpr std::string_view kLogPrefix = "log-";
 constexpr std::string_view kSnapshotPrefix = "snapshot-";
 constexpr std::string_view kTempSuffix = ".tmp";
+
+enum class FileKind : uint32_t { kLog = 1, kSnapshot = 2 };
+
+const char* KindName(uint32_t kind) {
+  switch (static_cast<FileKind>(kind)) {
+    case FileKind::kLog:
+      return "a log";
+    case FileKind::kSnapshot:
+      return "a snapshot";
+  }
+  return "of an unknown kind";
+}
 
 std::string LogName(uint64_t n) { return absl::StrFormat("log-%06d", n); }
 std::string SnapshotName(uint64_t n) { return absl::StrFormat("snapshot-%06d", n); }
@@ -70,10 +91,19 @@ uint32_t GetFixed32(const char* p) {
          (static_cast<uint32_t>(u[2]) << 16) | (static_cast<uint32_t>(u[3]) << 24);
 }
 
-std::string FrameHeader(std::string_view payload) {
+std::string FileHeader(FileKind kind) {
+  std::string header(kMagic);
+  PutFixed32(&header, kFormatVersion);
+  PutFixed32(&header, static_cast<uint32_t>(kind));
+  return header;
+}
+
+// The 12 bytes before a record's payload; the payload is followed by kEndMarker.
+std::string RecordHeader(std::string_view payload) {
   std::string header;
   PutFixed32(&header, static_cast<uint32_t>(payload.size()));
   PutFixed32(&header, MaskCrc(Crc32c(payload)));
+  PutFixed32(&header, MaskCrc(Crc32c(header)));
   return header;
 }
 
@@ -81,70 +111,235 @@ bool AllZero(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == 0; });
 }
 
-absl::Status Corrupt(const std::string& path, size_t offset, const std::string& problem) {
-  return absl::DataLossError(absl::StrFormat(
-      "journal file %s is damaged at byte offset %d: %s; refusing to open, the journal must be "
-      "repaired or restored by hand",
-      path, offset, problem));
+// `data` from `offset` on, or empty.
+std::string_view From(std::string_view data, size_t offset) {
+  return offset >= data.size() ? std::string_view() : data.substr(offset);
 }
 
-// What a scan of framed records found.
+absl::Status Corrupt(const std::string& path, size_t offset, const std::string& problem) {
+  return absl::DataLossError(absl::StrFormat(
+      "journal file %s is damaged at byte offset %d: %s; refusing to open (nothing was changed): "
+      "the journal must be repaired or restored by hand. If the records from that offset on may "
+      "be lost, keep a copy of the file and truncate it to %d bytes",
+      path, offset, problem, offset));
+}
+
+// What reading one journal file found.
 struct ScanResult {
+  int format = kFormatVersion;
   std::vector<std::string> records;
-  size_t intact_bytes = 0;   // Offset just past the last intact record.
-  std::string tail_problem;  // Non-empty iff bytes after intact_bytes were dropped.
+  size_t intact_bytes = 0;        // Offset just past the last intact record (or the file header).
+  std::string tail_problem;       // Non-empty iff the bytes after intact_bytes are a torn tail.
+  bool torn_file_header = false;  // The file is a torn file header (created, never written).
 };
 
-// Splits `data` into framed records. Damage that a crash during an append can explain (an
-// incomplete header, a length past EOF, or a bad record followed by nothing but zeros) is a torn
-// tail: dropped when `tail_may_be_torn`, DataLoss otherwise. Anything else is DataLoss.
-absl::StatusOr<ScanResult> ScanRecords(std::string_view data, const std::string& path,
+// Damage at `offset` of a file: a torn tail if `torn`, else corruption.
+absl::StatusOr<ScanResult> Damaged(ScanResult result, const std::string& path, size_t offset,
+                                   const std::string& problem, bool torn, bool tail_may_be_torn) {
+  if (!torn) return Corrupt(path, offset, problem);
+  if (!tail_may_be_torn) {
+    return Corrupt(path, offset,
+                   absl::StrCat("torn record (", problem,
+                                ") where none may be: only the newest log may end torn"));
+  }
+  result.intact_bytes = offset;
+  result.tail_problem = problem;
+  return result;
+}
+
+// Format 2 records from `start` on. Under the crash model of Journal::Open, see the cases.
+absl::StatusOr<ScanResult> ScanRecords(std::string_view data, size_t start, const std::string& path,
                                        bool tail_may_be_torn) {
   ScanResult result;
-  size_t off = 0;
+  size_t off = start;
   while (off < data.size()) {
     const size_t left = data.size() - off;
-    std::string problem;
-    bool torn = false;
-    if (left < kHeaderSize) {
-      problem = absl::StrFormat("incomplete record header (%d of %d bytes)", left, kHeaderSize);
-      torn = true;
-    } else {
-      const uint32_t length = GetFixed32(data.data() + off);
-      const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
-      if (length > left - kHeaderSize) {
-        problem = absl::StrFormat("record length %d runs past end of file (%d bytes left)", length,
-                                  left - kHeaderSize);
-        torn = true;
-      } else {
-        const std::string_view payload = data.substr(off + kHeaderSize, length);
-        if (Crc32c(payload) == crc) {
-          result.records.emplace_back(payload);
-          off += kHeaderSize + length;
-          continue;
-        }
-        // Zeros after a bad record: the file grew but its last blocks never reached the disk.
-        torn = AllZero(data.substr(off + kHeaderSize + length));
-        problem = absl::StrFormat("checksum mismatch in record of length %d%s", length,
-                                  torn ? "" : " with more data after it");
-      }
-    }
     if (AllZero(data.substr(off))) {
-      problem = "only zero bytes from the record start to end of file";
-      torn = true;
+      return Damaged(std::move(result), path, off,
+                     "only zero bytes from the record start to end of file", true,
+                     tail_may_be_torn);
     }
-    if (!torn) return Corrupt(path, off, problem);
-    if (!tail_may_be_torn) {
-      return Corrupt(path, off,
-                     absl::StrCat("torn record (", problem,
-                                  ") where none may be: only the newest log may end torn"));
+    if (left < kRecordHeaderSize) {
+      return Damaged(
+          std::move(result), path, off,
+          absl::StrFormat("incomplete record header (%d of %d bytes)", left, kRecordHeaderSize),
+          true, tail_may_be_torn);
     }
-    result.intact_bytes = off;
-    result.tail_problem = std::move(problem);
-    return result;
+    const uint32_t length = GetFixed32(data.data() + off);
+    const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
+    const uint32_t header_crc = UnmaskCrc(GetFixed32(data.data() + off + 8));
+    if (Crc32c(data.substr(off, 8)) != header_crc) {
+      // The length cannot be trusted. Torn only if the header itself was cut short by zeros.
+      const bool torn = AllZero(From(data, off + kRecordHeaderSize));
+      return Damaged(std::move(result), path, off,
+                     torn ? "incomplete record header (the rest is zero bytes)"
+                          : "record header checksum mismatch (its length cannot be trusted) "
+                            "with more data after it",
+                     torn, tail_may_be_torn);
+    }
+    const size_t record_size = kRecordHeaderSize + size_t{length} + 1;
+    if (record_size > left) {
+      // The length is checksummed, so this record's append was cut short: nothing follows it.
+      return Damaged(std::move(result), path, off,
+                     absl::StrFormat("record of length %d runs past end of file (%d bytes left)",
+                                     length, left - kRecordHeaderSize),
+                     true, tail_may_be_torn);
+    }
+    const std::string_view payload = data.substr(off + kRecordHeaderSize, length);
+    const char marker = data[off + record_size - 1];
+    if (Crc32c(payload) == crc && marker == kEndMarker) {
+      result.records.emplace_back(payload);
+      off += record_size;
+      continue;
+    }
+    // Torn only if the record's last byte never reached the disk and nothing but zeros follow.
+    // A record whose bytes are all present was fsynced or written whole: a crash cannot make
+    // its checksum fail, bit rot can.
+    const bool torn = marker == 0 && AllZero(From(data, off + record_size));
+    std::string problem = Crc32c(payload) != crc
+                              ? absl::StrFormat("checksum mismatch in record of length %d", length)
+                              : absl::StrFormat("record of length %d lacks its end marker", length);
+    if (!torn) {
+      absl::StrAppend(&problem, AllZero(From(data, off + record_size))
+                                    ? " although all its bytes are present (a crash cannot "
+                                      "cause that)"
+                                    : " with more data after it");
+    }
+    return Damaged(std::move(result), path, off, problem, torn, tail_may_be_torn);
   }
   result.intact_bytes = off;
   return result;
+}
+
+// Whether an intact format-1 record starts anywhere in data[from, end). nullopt: the search
+// was too costly to finish.
+std::optional<bool> LegacyRecordAfter(std::string_view data, size_t from) {
+  uint64_t budget = kMaxLegacyResyncBytes;
+  for (size_t pos = from; pos + kLegacyHeaderSize <= data.size(); ++pos) {
+    const uint32_t length = GetFixed32(data.data() + pos);
+    if (length > data.size() - pos - kLegacyHeaderSize) continue;
+    if (length > budget) return std::nullopt;
+    budget -= length;
+    if (Crc32c(data.substr(pos + kLegacyHeaderSize, length)) ==
+        UnmaskCrc(GetFixed32(data.data() + pos + 4))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Format 1 records (no file header, no header checksum, no end marker). Its lengths are not
+// protected, so a damaged length is torn only if intact records precede it (the file is a
+// journal) and none follows it.
+absl::StatusOr<ScanResult> ScanLegacyRecords(std::string_view data, const std::string& path,
+                                             bool tail_may_be_torn) {
+  ScanResult result;
+  result.format = 1;
+  size_t off = 0;
+  while (off < data.size()) {
+    const size_t left = data.size() - off;
+    if (AllZero(data.substr(off))) {
+      return Damaged(std::move(result), path, off,
+                     "only zero bytes from the record start to end of file", true,
+                     tail_may_be_torn);
+    }
+    if (left < kLegacyHeaderSize) {
+      return Damaged(
+          std::move(result), path, off,
+          absl::StrFormat("incomplete record header (%d of %d bytes)", left, kLegacyHeaderSize),
+          true, tail_may_be_torn);
+    }
+    const uint32_t length = GetFixed32(data.data() + off);
+    const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
+    if (length > left - kLegacyHeaderSize) {
+      std::string problem =
+          absl::StrFormat("format-1 record length %d runs past end of file (%d bytes left)", length,
+                          left - kLegacyHeaderSize);
+      if (result.records.empty()) {
+        return Corrupt(path, off,
+                       absl::StrCat(problem,
+                                    ", and the file holds no intact record: it is not a journal "
+                                    "file (no \"TSJOURNL\" header) or its first length is "
+                                    "damaged"));
+      }
+      const std::optional<bool> after = LegacyRecordAfter(data, off + 1);
+      if (after != false) {
+        absl::StrAppend(&problem, after.has_value()
+                                      ? ", but intact records follow: the length is damaged"
+                                      : ", and intact records may follow: the length may be "
+                                        "damaged");
+      }
+      return Damaged(std::move(result), path, off, problem, after == false, tail_may_be_torn);
+    }
+    const std::string_view payload = data.substr(off + kLegacyHeaderSize, length);
+    if (Crc32c(payload) == crc) {
+      result.records.emplace_back(payload);
+      off += kLegacyHeaderSize + length;
+      continue;
+    }
+    // As in format 2: torn only if the record's last byte and everything after it are zero.
+    const size_t end = off + kLegacyHeaderSize + length;
+    const bool torn = length > 0 && data[end - 1] == 0 && AllZero(From(data, end));
+    return Damaged(std::move(result), path, off,
+                   absl::StrFormat("checksum mismatch in format-1 record of length %d%s", length,
+                                   torn ? "" : " whose bytes are all present (not a torn write)"),
+                   torn, tail_may_be_torn);
+  }
+  result.intact_bytes = off;
+  return result;
+}
+
+// Reads one journal file of either format.
+absl::StatusOr<ScanResult> ScanFile(std::string_view data, const std::string& path, FileKind kind,
+                                    bool tail_may_be_torn) {
+  const std::string expected = FileHeader(kind);
+  size_t matched = 0;
+  while (matched < std::min(data.size(), kFileHeaderSize) && data[matched] == expected[matched]) {
+    ++matched;
+  }
+  if (matched == kFileHeaderSize) return ScanRecords(data, kFileHeaderSize, path, tail_may_be_torn);
+  if (AllZero(From(data, matched))) {
+    // A file created but whose header never reached the disk: it holds no record.
+    if (!tail_may_be_torn) {
+      return Corrupt(path, matched, "incomplete file header where none may be");
+    }
+    ScanResult empty;
+    empty.torn_file_header = true;
+    return empty;
+  }
+  if (matched >= kMagic.size() && data.size() >= kFileHeaderSize) {
+    const uint32_t version = GetFixed32(data.data() + kMagic.size());
+    const uint32_t file_kind = GetFixed32(data.data() + kMagic.size() + 4);
+    if (version != kFormatVersion) {
+      return Corrupt(path, kMagic.size(),
+                     absl::StrFormat("format version %d is not one this coordinator reads (1 or "
+                                     "%d): was it written by a newer trainstep?",
+                                     version, kFormatVersion));
+    }
+    return Corrupt(path, kMagic.size() + 4,
+                   absl::StrFormat("file is %s file, expected %s file", KindName(file_kind),
+                                   KindName(static_cast<uint32_t>(kind))));
+  }
+  return ScanLegacyRecords(data, path, tail_may_be_torn);
+}
+
+// Creates (or truncates) a log and makes its file header durable; the caller syncs the
+// directory.
+absl::StatusOr<std::unique_ptr<WritableFile>> CreateLog(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> log, env->NewWritableFile(path));
+  RETURN_IF_ERROR(log->Append(FileHeader(FileKind::kLog)));
+  RETURN_IF_ERROR(log->Sync());
+  return log;
+}
+
+// Copies bytes recovery is about to cut off to `path`, durably, so none is ever destroyed.
+absl::Status KeepAside(Env* env, const std::string& dir, const std::string& path,
+                       std::string_view bytes) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, env->NewWritableFile(path));
+  RETURN_IF_ERROR(f->Append(bytes));
+  RETURN_IF_ERROR(f->Sync());
+  RETURN_IF_ERROR(f->Close());
+  return env->SyncDir(dir);
 }
 
 // Best effort: a file that survives is deleted by the next snapshot or Open.
@@ -191,7 +386,8 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir
     const std::string snapshot_path = path(SnapshotName(newest_snapshot));
     ASSIGN_OR_RETURN(std::string data, env->ReadFile(snapshot_path));
     // A snapshot is fsynced before it is renamed into place, so it is never legitimately torn.
-    ASSIGN_OR_RETURN(ScanResult scan, ScanRecords(data, snapshot_path, /*tail_may_be_torn=*/false));
+    ASSIGN_OR_RETURN(ScanResult scan, ScanFile(data, snapshot_path, FileKind::kSnapshot,
+                                               /*tail_may_be_torn=*/false));
     if (scan.records.size() != 1) {
       return Corrupt(snapshot_path, 0,
                      absl::StrFormat("snapshot holds %d records, expected 1", scan.records.size()));
@@ -217,23 +413,47 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir
     const std::string log_path = path(LogName(live[i]));
     const bool newest = i + 1 == live.size();
     ASSIGN_OR_RETURN(std::string data, env->ReadFile(log_path));
-    ASSIGN_OR_RETURN(ScanResult scan, ScanRecords(data, log_path, /*tail_may_be_torn=*/newest));
+    ASSIGN_OR_RETURN(ScanResult scan,
+                     ScanFile(data, log_path, FileKind::kLog, /*tail_may_be_torn=*/newest));
     for (std::string& r : scan.records) out.records.push_back(std::move(r));
     if (!newest) continue;
     log_number = live[i];
+    if (scan.torn_file_header) {
+      // Created but never written: start it again.
+      ASSIGN_OR_RETURN(log, CreateLog(env, log_path));
+      RETURN_IF_ERROR(env->SyncDir(dir));
+      continue;
+    }
     if (!scan.tail_problem.empty()) {
-      out.warnings.push_back(absl::StrFormat("dropped torn record at %s offset %d (%d bytes): %s",
-                                             log_path, scan.intact_bytes,
-                                             data.size() - scan.intact_bytes, scan.tail_problem));
+      const std::string_view tail = std::string_view(data).substr(scan.intact_bytes);
+      std::string warning =
+          absl::StrFormat("dropped torn record at %s offset %d (%d bytes): %s", log_path,
+                          scan.intact_bytes, tail.size(), scan.tail_problem);
+      if (!AllZero(tail)) {
+        const std::string aside = absl::StrCat(log_path, ".torn-", scan.intact_bytes);
+        RETURN_IF_ERROR(KeepAside(env, dir, aside, tail));
+        absl::StrAppend(&warning, "; its bytes are kept in ", aside);
+      }
+      out.warnings.push_back(std::move(warning));
       RETURN_IF_ERROR(env->TruncateFile(log_path, scan.intact_bytes));
     }
     ASSIGN_OR_RETURN(log, env->NewAppendableFile(log_path));
     // Make the truncation durable before appending, or a crash could revive the torn bytes
     // in the middle of the log.
     if (!scan.tail_problem.empty()) RETURN_IF_ERROR(log->Sync());
+    if (scan.format == 1) {
+      // Never mix formats in one file: continue in a new format-2 log.
+      log->Close().IgnoreError();
+      log_number = live[i] + 1;
+      ASSIGN_OR_RETURN(log, CreateLog(env, path(LogName(log_number))));
+      RETURN_IF_ERROR(env->SyncDir(dir));
+      out.warnings.push_back(absl::StrFormat(
+          "%s is in journal format 1; it stays readable, new records go to %s in format 2",
+          log_path, path(LogName(log_number))));
+    }
   }
   if (log == nullptr) {
-    ASSIGN_OR_RETURN(log, env->NewWritableFile(path(LogName(log_number))));
+    ASSIGN_OR_RETURN(log, CreateLog(env, path(LogName(log_number))));
     // Records acknowledged in this log must not vanish with its directory entry.
     RETURN_IF_ERROR(env->SyncDir(dir));
   }
@@ -261,7 +481,7 @@ Journal::~Journal() {
 uint64_t Journal::Append(std::string record) {
   const bool too_big = record.size() > std::numeric_limits<uint32_t>::max();
   // The CRC pass is the costly part; keep it out of the lock every appender contends on.
-  const std::string header = too_big ? "" : FrameHeader(record);
+  const std::string header = too_big ? "" : RecordHeader(record);
   absl::MutexLock lock(&mu_);
   ++records_since_snapshot_;
   const uint64_t seq = ++last_appended_;
@@ -274,6 +494,7 @@ uint64_t Journal::Append(std::string record) {
   if (broken_.ok()) {
     pending_.append(header);
     pending_.append(record);
+    pending_.push_back(kEndMarker);
   }
   return seq;
 }
@@ -379,8 +600,10 @@ absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
   const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
 
   // Until the rename, the old snapshot and log stay authoritative: a failure costs nothing.
-  std::string framed = FrameHeader(snapshot);
+  std::string framed = FileHeader(FileKind::kSnapshot);
+  framed.append(RecordHeader(snapshot));
   framed.append(snapshot);
+  framed.push_back(kEndMarker);
   absl::Status s;
   {
     absl::StatusOr<std::unique_ptr<WritableFile>> temp = env_->NewWritableFile(temp_path);
@@ -401,7 +624,7 @@ absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
   if (s.ok()) s = env_->SyncDir(dir_);
   if (!s.ok()) return Break(s);
   absl::StatusOr<std::unique_ptr<WritableFile>> new_log =
-      env_->NewWritableFile(absl::StrCat(dir_, "/", LogName(number)));
+      CreateLog(env_, absl::StrCat(dir_, "/", LogName(number)));
   if (!new_log.ok()) return Break(new_log.status());
   // Records acknowledged in the new log must not vanish with its directory entry.
   s = env_->SyncDir(dir_);

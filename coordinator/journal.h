@@ -5,8 +5,16 @@
 //   log-NNNNNN       records appended after snapshot NNNNNN (or from the start, for log-000001)
 //   snapshot-NNNNNN  the caller's whole state before log-NNNNNN's first record
 //   snapshot-NNNNNN.tmp  a snapshot being written; ignored by recovery
-// Log record and snapshot framing: fixed32 LE payload length, fixed32 LE masked CRC32C of the
-// payload, payload. A snapshot file holds exactly one such record.
+//   log-NNNNNN.torn-OFFSET  the bytes of a torn tail that recovery cut off, kept for inspection
+// File format 2 (written): every file starts with a 16-byte header, "TSJOURNL", fixed32 LE
+// format version (2), fixed32 LE file kind (1 log, 2 snapshot). Then records, each:
+//   fixed32 LE payload length | fixed32 LE masked CRC32C(payload) |
+//   fixed32 LE masked CRC32C(the 8 bytes before) | payload | end marker 0xA5
+// The header checksum makes a damaged length detectable (format 1 had none, so one flipped
+// byte could make every later record look like a torn tail); the end marker makes a record
+// whose bytes all reached the disk recognisable. A snapshot file holds exactly one record.
+// File format 1 (no file header; records: length | masked CRC32C(payload) | payload) is still
+// read, strictly; a format-1 log is never appended to: Open starts the next log in format 2.
 #ifndef TRAINSTEP_COORDINATOR_JOURNAL_H_
 #define TRAINSTEP_COORDINATOR_JOURNAL_H_
 
@@ -43,12 +51,20 @@ struct RecoveredJournal {
 // WriteSnapshot must not race with Append (see there).
 class Journal {
  public:
-  // Creates `dir` if needed and recovers it into `*recovered` (may be null). A torn tail of the
-  // newest log, i.e. damage a crash mid-write explains (an incomplete header, a length past EOF,
-  // or a bad record followed by nothing but zero bytes), is dropped with a warning and the file
-  // truncated durably so appends continue after the last intact record. Any other damage returns
-  // DataLossError naming the file, the offset and the problem: the journal must then be repaired
-  // or restored by hand. One Journal per directory at a time (not enforced).
+  // Creates `dir` if needed and recovers it into `*recovered` (may be null).
+  //
+  // Only a torn tail of the newest log is dropped: damage that a crash during its last,
+  // unsynced append explains. A crash leaves a prefix of what was appended, possibly followed
+  // by zero bytes (the file's size reached the disk before its data); it never alters bytes
+  // that were fsynced, so it cannot damage an acknowledged record. Hence a tail is torn iff
+  // it is an incomplete record header at EOF, a record whose (checksummed) length runs past
+  // EOF, or a damaged record whose remaining bytes are all zero from inside it to EOF.
+  // Dropped bytes that are not all zero are first copied to log-NNNNNN.torn-OFFSET (durably),
+  // then the log is truncated durably so appends continue after the last intact record.
+  // Anything else, including a complete last record whose checksum fails, returns
+  // DataLossError naming the file, the offset and the problem, and changes nothing: the
+  // journal must then be repaired or restored by hand. One Journal per directory at a time
+  // (not enforced).
   static absl::StatusOr<std::unique_ptr<Journal>> Open(Env* env, std::string dir,
                                                        JournalOptions options,
                                                        RecoveredJournal* recovered);

@@ -24,7 +24,14 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta) {
     return absl::FailedPreconditionError(
         absl::StrCat("store key \"", key, "\" holds a non-integer value; add() needs an integer"));
   }
-  value += delta;
+  const int64_t before = value;
+  if (__builtin_add_overflow(before, delta, &value)) {
+    // c10d counters never get near this; wrapping would hand out a counter value twice.
+    return absl::OutOfRangeError(absl::StrCat("store key \"", key, "\": add(", delta,
+                                              ") would take its value past the int64 range "
+                                              "(-2^63 .. 2^63-1); the value stays ",
+                                              before));
+  }
   values_[key] = absl::StrCat(value);
   ++version_;
   return value;

@@ -4,6 +4,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics_http.h"
+#include "common/status_macros.h"
 
 #ifndef TRAINSTEP_VERSION
 #define TRAINSTEP_VERSION "dev"
@@ -127,15 +129,9 @@ PrometheusMetrics::PrometheusMetrics()
 absl::StatusOr<std::unique_ptr<PrometheusMetrics>> PrometheusMetrics::Start(
     const std::string& address) {
   auto m = std::make_unique<PrometheusMetrics>();
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
-  m->exposer_->RegisterCollectable(m->registry_);
-  std::vector<int> ports = m->exposer_->GetListeningPorts();
-  m->port_ = ports.empty() ? 0 : ports[0];
+  ASSIGN_OR_RETURN(MetricsEndpoint endpoint, StartMetricsEndpoint(address, m->registry_));
+  m->exposer_ = std::move(endpoint.exposer);
+  m->port_ = endpoint.port;
   m->host_ = address.substr(0, address.rfind(':'));
   return m;
 }

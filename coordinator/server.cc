@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/worker_client.h"
 
 namespace trainstep {
 
@@ -20,6 +21,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(&s->worker_service_);
   builder.RegisterService(&s->job_service_);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   // Long-lived worker channels ping every 30 s; accept pings down to 10 s without calls.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

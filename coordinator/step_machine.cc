@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "coordinator/lr_schedule.h"
+#include "coordinator/report_validation.h"
 
 namespace trainstep {
 namespace {
@@ -250,7 +252,12 @@ bool StepMachine::terminal() const {
 }
 
 int64_t StepMachine::TotalWindows() const {
-  return windows_per_epoch_ * job_.spec().stop().epochs();
+  int64_t total;
+  // A huge stop.epochs saturates instead of wrapping to a negative window count.
+  if (__builtin_mul_overflow(windows_per_epoch_, job_.spec().stop().epochs(), &total)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return total;
 }
 
 int64_t StepMachine::EpochOf(int64_t window_id) const {
@@ -339,6 +346,14 @@ absl::Status StepMachine::CheckRunnable() const {
   return absl::OkStatus();
 }
 
+absl::Status StepMachine::LostError(const std::string& worker_id) const {
+  // NOT_FOUND, not FAILED_PRECONDITION: the identity is gone and the worker must register
+  // again (a new identity), which a refused dataset must not trigger.
+  return absl::NotFoundError(absl::StrCat(
+      "worker ", worker_id, " of ", job_id(), " was declared lost (no heartbeat within its ",
+      absl::FormatDuration(options_.worker_lease), " lease): register again"));
+}
+
 absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t generation,
                                       int32_t rank) const {
   const WorkerEntry* w = membership_.Find(worker_id);
@@ -346,10 +361,7 @@ absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t gene
     return absl::NotFoundError(
         absl::StrCat("worker ", worker_id, " is not registered with job ", job_id()));
   }
-  if (w->info.state() == v1::LOST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", worker_id, " was declared lost (its lease expired); register again"));
-  }
+  if (w->info.state() == v1::LOST) return LostError(worker_id);
   const int64_t current = membership_.generation();
   if (generation > current) {
     return absl::FailedPreconditionError(
@@ -392,9 +404,6 @@ absl::StatusOr<StepMachine::Attempt*> StepMachine::AttemptFor(int64_t window_id)
 }
 
 absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t units) {
-  if (units < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("valid_units must be ≥ 0, got ", units));
-  }
   std::optional<int64_t>& slot = attempt->units[rank];
   if (slot.has_value()) {
     if (*slot != units) {
@@ -403,6 +412,11 @@ absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t un
                                                      " and now ", units));
     }
     return absl::OkStatus();
+  }
+  if (units > kMaxUnits - attempt->total_units) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "valid_units ", units, " of rank ", rank, " would make window ", attempt->window_id,
+        "'s total over the ranks exceed 2^53 (", attempt->total_units, " reported so far)"));
   }
   slot = units;
   ++attempt->units_reported;
@@ -415,6 +429,34 @@ absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t un
 bool StepMachine::BarrierReady(const Attempt& attempt) const {
   return attempt.window_id == last_window_ + 1 &&
          attempt.units_reported == static_cast<int32_t>(attempt.units.size());
+}
+
+absl::Status StepMachine::CheckBeginBarrierPassed(const Attempt& attempt,
+                                                  const v1::CompleteWindowRequest& req) const {
+  if (attempt.units_reported == static_cast<int32_t>(attempt.units.size())) {
+    return absl::OkStatus();
+  }
+  if (attempt.units[req.rank()].has_value()) {
+    // This rank is still waiting at the begin barrier: it cannot know N yet.
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", req.rank(), " sent CompleteWindow for window ", req.window_id(),
+                     " before the window's begin barrier completed (BeginWindow answers N first)"));
+  }
+  // Only the window in flight when this coordinator recovered can have had its begin barrier
+  // answered by the previous one; for it, the report stands for the lost BeginWindow.
+  if (req.window_id() == recovered_window_ && req.generation() == recovered_generation_) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", req.rank(), " sent CompleteWindow for window ", req.window_id(),
+      " without a BeginWindow: N comes from the begin barrier (a CompleteWindow stands for a "
+      "BeginWindow only for the window in flight when the coordinator restarted)"));
+}
+
+void StepMachine::Recovered(absl::Time now) {
+  membership_.RenewAll(now + options_.worker_lease);
+  recovered_window_ = last_window_ + 1;
+  recovered_generation_ = membership_.generation();
 }
 
 v1::BeginWindowResponse StepMachine::BarrierResponse(const Attempt& attempt) const {
@@ -459,23 +501,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
 
 absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::HeartbeatRequest& req,
                                                              absl::Time now) {
+  RETURN_IF_ERROR(ValidateHeartbeat(req));
   const WorkerEntry* w = membership_.Find(req.worker_id());
   if (w == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
   }
-  if (w->info.state() == v1::LOST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", req.worker_id(), " was declared lost (its lease expired); register again"));
-  }
+  if (w->info.state() == v1::LOST) return LostError(req.worker_id());
   membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id());
 
   if (!terminal() && req.has_dataset() && !w->dataset_accepted) {
     const v1::DatasetInfo& d = req.dataset();
-    if (d.samples() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.samples must be ≥ 1, got ", d.samples()));
-    }
     if (dataset_.has_value() &&
         (dataset_->samples() != d.samples() || dataset_->fingerprint() != d.fingerprint())) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -530,6 +566,7 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
 
 absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
     const v1::BeginWindowRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(ValidateBeginWindow(req));
   Answer<v1::BeginWindowResponse> answer;
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
     answer.ready = true;
@@ -560,6 +597,7 @@ absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
 
 absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
     const v1::CompleteWindowRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(ValidateCompleteWindow(req));
   Answer<v1::CompleteWindowResponse> answer;
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
     answer.ready = true;
@@ -568,18 +606,16 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
   }
   RETURN_IF_ERROR(CheckRunnable());
   RETURN_IF_ERROR(CheckMember(req.worker_id(), req.generation(), req.rank()));
-  if (req.micro_steps() < 0 || req.allreduce_calls() < 0) {
-    return absl::InvalidArgumentError("micro_steps and allreduce_calls must be ≥ 0");
-  }
   if (req.window_id() != last_window_ + 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("window ", req.window_id(), " cannot complete: the window in progress is ",
                      last_window_ + 1));
   }
   ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
+  RETURN_IF_ERROR(CheckBeginBarrierPassed(*attempt, req));
   if (!attempt->has_any_report()) attempt->first_report = now;
   // The report carries n_r, so it also stands for a BeginWindow report that a restarted
-  // coordinator never saw.
+  // coordinator never saw. Idempotent per rank: it never counts twice.
   RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
   membership_.NoteApplied(req.worker_id(), update_id_);
   std::optional<v1::CompleteWindowRequest>& slot = attempt->complete[req.rank()];
@@ -602,6 +638,7 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
 }
 
 absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(ValidateAckCheckpoint(req));
   if (membership_.Find(req.worker_id()) == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
@@ -787,7 +824,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
     r->set_grad_norm_post_clip(r->grad_norm_pre_clip() * coef);
     update_after = update_id_ + 1;
     step_after = scheduler_step_ + 1;
-    r->set_cumulative_tokens(cumulative_tokens_ + r->global_valid_tokens());
+    r->set_cumulative_tokens(SaturatingAdd(cumulative_tokens_, r->global_valid_tokens()));
     scaler_after.Update(/*found_inf=*/false);
   } else if (d.outcome() == v1::SKIP) {
     // The scaler reacts to gradient overflow only, once per window.

@@ -90,8 +90,13 @@ class StepMachine {
   // enough workers are ready.
   void Tick(absl::Time now);
   std::optional<absl::Time> NextDeadline() const;
-  // After a replay: the workers were alive when the coordinator went down.
+  // Every live worker's lease restarts at `now`: the coordinator could not hear them for a
+  // while (it was down, or paused), which is not their fault.
   void RenewAllLeases(absl::Time now) { membership_.RenewAll(now + options_.worker_lease); }
+  // After a replay: leases restart (the workers were alive when the coordinator went down),
+  // and the window then in flight may be completed by ranks whose BeginWindow the previous
+  // coordinator answered (see CheckBeginBarrierPassed).
+  void Recovered(absl::Time now);
 
   // --- Journal ---
   void Apply(const v1::JournalRecord& record);
@@ -121,12 +126,19 @@ class StepMachine {
 
   void Emit(v1::JournalRecord record, absl::Time now);
   absl::Status CheckRunnable() const;
+  // NOT_FOUND for a worker declared lost: it must register again under a new identity.
+  absl::Status LostError(const std::string& worker_id) const;
   // OK iff the worker is rank `rank` of generation `generation`; ABORTED when that
   // generation is gone (with the decision, if the window was decided in it).
   absl::Status CheckMember(const std::string& worker_id, int64_t generation, int32_t rank) const;
   const v1::WindowDecision* FindDecision(int64_t generation, int64_t window_id) const;
   absl::StatusOr<Attempt*> AttemptFor(int64_t window_id);
   absl::Status RecordUnits(Attempt* attempt, int32_t rank, int64_t units);
+  // A CompleteWindow needs the begin barrier's N: OK once the barrier completed, or for the
+  // window in flight at recovery from a rank this coordinator never saw begin it (its
+  // BeginWindow was answered before the restart). FAILED_PRECONDITION otherwise.
+  absl::Status CheckBeginBarrierPassed(const Attempt& attempt,
+                                       const v1::CompleteWindowRequest& req) const;
   // The begin barrier of `attempt`: all ranks counted and the previous window ended.
   bool BarrierReady(const Attempt& attempt) const;
   v1::BeginWindowResponse BarrierResponse(const Attempt& attempt) const;
@@ -179,6 +191,10 @@ class StepMachine {
   std::vector<v1::WindowDecision> recent_decisions_;  // oldest first
 
   std::map<int64_t, Attempt> attempts_;  // windows of the current generation in flight
+  // Ephemeral, set by Recovered: the window (and its generation) in flight at recovery, whose
+  // begin barrier a previous coordinator may have answered. 0 = none (a fresh machine).
+  int64_t recovered_window_ = 0;
+  int64_t recovered_generation_ = 0;
   std::vector<v1::JournalRecord> outbox_;
   uint64_t version_ = 0;
 };

@@ -19,6 +19,9 @@
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address host:port (default: $TRAINSTEP_COORDINATOR, else 127.0.0.1:7070)");
 ABSL_FLAG(std::string, job, "", "job id to join (default: the oldest job that needs workers)");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Minutes(2),
+          "how long to keep trying to register with a coordinator that does not answer (e.g. "
+          "30s, 5m; 0 = forever); each failed attempt is logged, then the worker exits 1");
 ABSL_FLAG(std::string, name, "", "name shown in `trainstep worker list` (default: host-pid)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics address (host:port; empty disables; port 0 picks a free one)");
@@ -86,6 +89,11 @@ int Main(int argc, char** argv) {
     options.coordinator = env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
   }
   options.job_id = absl::GetFlag(FLAGS_job);
+  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  if (options.connect_timeout < absl::ZeroDuration()) {
+    LogError("--connect-timeout must be ≥ 0 (0 = forever)");
+    return 2;
+  }
   options.name = absl::GetFlag(FLAGS_name);
   options.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));

@@ -66,19 +66,20 @@ void Worker::Fail(const absl::Status& status) {
   if (client_ == nullptr || job_id_.empty()) return;
   v1::ReportFailureRequest req;
   req.set_job_id(job_id_);
-  req.set_worker_id(worker_id_);
+  req.set_worker_id(WorkerId());
   req.set_message(std::string(status.message()));
   (void)client_->ReportFailure(req);
 }
 
-absl::Status Worker::Setup() {
-  WorkerClientOptions copts;
-  // Re-sent every 2 s, so a wait notices within a heartbeat that its generation is gone.
-  copts.barrier_poll = absl::Seconds(2);
-  copts.keep_waiting = [this] { return !job_over_ && !lost_ && !GenerationSuperseded(); };
-  client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
+std::string Worker::WorkerId() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+absl::Status Worker::Register() {
+  const bool again = !job_id_.empty();
   v1::RegisterWorkerRequest reg;
-  reg.set_job_id(options_.job_id);
+  reg.set_job_id(again ? job_id_ : options_.job_id);
   reg.set_name(options_.name);
   reg.set_host(options_.collective.host);
   reg.set_request_id(absl::StrCat(options_.name, "/", absl::ToUnixNanos(absl::Now())));
@@ -88,12 +89,42 @@ absl::Status Worker::Setup() {
                         absl::StrCat("cannot register with the coordinator at ",
                                      options_.coordinator, ": ", r.status().message()));
   }
+  if (!again) {  // only before the heartbeat thread exists
+    job_id_ = r->job_id();
+    spec_ = r->spec();
+    heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(50, r->heartbeat_interval_ms()));
+  }
+  absl::MutexLock lock(&mu_);
   worker_id_ = r->worker_id();
-  job_id_ = r->job_id();
-  spec_ = r->spec();
-  heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(50, r->heartbeat_interval_ms()));
+  // The new identity has no dataset accepted yet: the next heartbeat reports it.
+  last_heartbeat_ = v1::HeartbeatResponse();
+  LogInfo(absl::StrCat("registered", again ? " again" : "", " as ", worker_id_, " of ", job_id_,
+                       " (", spec_.name(), ")"));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Setup() {
+  WorkerClientOptions copts;
+  // Re-sent every 2 s, so a wait notices within a heartbeat that its generation is gone.
+  copts.barrier_poll = absl::Seconds(2);
+  copts.keep_waiting = [this] { return !job_over_ && !refused_ && !GenerationSuperseded(); };
+  copts.connect_timeout = options_.connect_timeout;
+  // Every failed attempt to reach the coordinator is logged: the first, then every 10 s.
+  copts.on_connect_retry = [this, next_log = absl::InfinitePast()](const absl::Status& s) mutable {
+    const absl::Time now = absl::Now();
+    if (now < next_log) return;
+    next_log = now + absl::Seconds(10);
+    LogWarning(absl::StrCat(
+        "cannot reach the coordinator at ", options_.coordinator, " yet (",
+        absl::StatusCodeToString(s.code()), ": ", s.message(), "); retrying",
+        options_.connect_timeout > absl::ZeroDuration()
+            ? absl::StrCat(" for up to ", absl::FormatDuration(options_.connect_timeout),
+                           " (--connect-timeout)")
+            : " until it answers (--connect-timeout 0)"));
+  };
+  client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
+  RETURN_IF_ERROR(Register());
   if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
-  LogInfo(absl::StrCat("registered as ", worker_id_, " of ", job_id_, " (", spec_.name(), ")"));
   device_ = options_.collective.device;
 
   // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
@@ -127,7 +158,7 @@ void Worker::HeartbeatLoop() {
   while (!stop_heartbeats_.HasBeenNotified()) {
     v1::HeartbeatRequest req;
     req.set_job_id(job_id_);
-    req.set_worker_id(worker_id_);
+    req.set_worker_id(WorkerId());
     req.set_applied_update_id(applied_update_);
     {
       absl::MutexLock lock(&mu_);
@@ -141,11 +172,21 @@ void Worker::HeartbeatLoop() {
       NoteAssignment(*r);
       absl::MutexLock lock(&mu_);
       last_heartbeat_ = *r;
-    } else if (r.status().code() == absl::StatusCode::kFailedPrecondition ||
-               r.status().code() == absl::StatusCode::kNotFound) {
-      // Declared lost (or the dataset refused): this process cannot take part any more.
+    } else if (r.status().code() == absl::StatusCode::kNotFound && req.worker_id() == WorkerId()) {
+      // Declared lost (its lease expired: a partition, a pause of this process). Its replica
+      // is intact: take a new identity and rejoin as a standby; the window in flight was
+      // aborted for everyone, so nothing is lost.
+      LogWarning(absl::StrCat(r.status().message(), "; registering again to rejoin"));
+      if (absl::Status s = Register(); !s.ok()) {
+        LogError(s.ToString());
+        refused_ = true;
+        absl::MutexLock lock(&mu_);
+        last_heartbeat_.set_job_message(std::string(s.message()));
+      }
+    } else if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // The dataset refused: this process cannot take part.
       LogError(absl::StrCat("heartbeat refused: ", r.status().message()));
-      lost_ = true;
+      refused_ = true;
       absl::MutexLock lock(&mu_);
       last_heartbeat_.set_job_message(std::string(r.status().message()));
     }
@@ -165,13 +206,13 @@ bool Worker::GenerationSuperseded() const {
 
 absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation) {
   while (true) {
-    if (lost_) {
+    if (refused_) {
       absl::MutexLock lock(&mu_);
       return absl::FailedPreconditionError(last_heartbeat_.job_message());
     }
     v1::HeartbeatRequest req;
     req.set_job_id(job_id_);
-    req.set_worker_id(worker_id_);
+    req.set_worker_id(WorkerId());
     req.set_applied_update_id(applied_update_);
     absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
     if (r.ok()) {
@@ -184,11 +225,13 @@ absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation)
       if (r->assigned() && r->assignment().generation() > after_generation) {
         NoteAssignment(*r);
         joined_generation_ = r->assignment().generation();
+        member_id_ = req.worker_id();
         return r->assignment();
       }
     } else if (r.status().code() != absl::StatusCode::kUnavailable &&
-               r.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return r.status();
+               r.status().code() != absl::StatusCode::kDeadlineExceeded &&
+               r.status().code() != absl::StatusCode::kNotFound) {
+      return r.status();  // NOT_FOUND: declared lost; the heartbeat thread registers again
     }
     Nap(absl::Milliseconds(50));
   }
@@ -262,7 +305,7 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
                             replica_->OptimizerState(), spec_.checkpoint().keep_last()));
   v1::AckCheckpointRequest ack;
   ack.set_job_id(job_id_);
-  ack.set_worker_id(worker_id_);
+  ack.set_worker_id(member_id_);
   ack.set_checkpoint_id(checkpoint_id);
   ack.set_optimizer_update_id(update_id);
   ack.set_path(path);
@@ -281,7 +324,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   }
   v1::BeginWindowRequest begin;
   begin.set_job_id(job_id_);
-  begin.set_worker_id(worker_id_);
+  begin.set_worker_id(member_id_);
   begin.set_generation(a.generation());
   begin.set_window_id(window_id);
   begin.set_rank(a.rank());
@@ -327,7 +370,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
 
   v1::CompleteWindowRequest complete;
   complete.set_job_id(job_id_);
-  complete.set_worker_id(worker_id_);
+  complete.set_worker_id(member_id_);
   complete.set_generation(a.generation());
   complete.set_window_id(window_id);
   complete.set_rank(a.rank());
@@ -365,11 +408,11 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
                                     a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
   }
   for (int64_t window = a.next_window_id();; ++window) {
-    if (lost_) return absl::FailedPreconditionError("this worker was declared lost");
     absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
     if (!d.ok()) {
       replica_->ZeroGrad();
-      if (IsRejoinable(d.status())) {
+      // NOT_FOUND: this identity was declared lost; rejoin under the new one.
+      if (IsRejoinable(d.status()) || d.status().code() == absl::StatusCode::kNotFound) {
         LogWarning(absl::StrCat("window ", window, ": ", d.status().message(), "; rejoining"));
         return GenerationEnd::kRejoin;
       }
@@ -393,10 +436,10 @@ absl::Status Worker::AwaitJobEnd() {
   // Rank 0 may still be writing the final checkpoint; everyone stays until the job ends,
   // in case a survivor is needed to finish it.
   const absl::Time give_up = absl::Now() + absl::Minutes(30);
-  while (!job_over_ && !lost_ && absl::Now() < give_up) {
+  while (!job_over_ && !refused_ && absl::Now() < give_up) {
     v1::HeartbeatRequest req;
     req.set_job_id(job_id_);
-    req.set_worker_id(worker_id_);
+    req.set_worker_id(WorkerId());
     req.set_applied_update_id(applied_update_);
     absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
     if (r.ok()) {

@@ -29,6 +29,8 @@ struct WorkerOptions {
   std::string coordinator;  // host:port
   std::string job_id;       // empty: the oldest job that needs workers
   std::string name;         // for humans (pod name); default host-pid
+  // How long registration keeps trying an unreachable coordinator; 0 = forever.
+  absl::Duration connect_timeout = absl::Minutes(2);
   CollectiveOptions collective;
   WorkerMetrics* metrics = nullptr;  // may be null
   // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
@@ -53,6 +55,10 @@ class Worker {
 
   WorkerExit RunOrThrow();
   absl::Status Setup();
+  // Registers (again, after being declared lost: a new identity under the same job) and
+  // makes the heartbeats report the dataset to the new identity.
+  absl::Status Register();
+  std::string WorkerId() const;
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   absl::Status SyncState(const v1::Assignment& a);
   absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);
@@ -70,7 +76,12 @@ class Worker {
 
   WorkerOptions options_;
   std::unique_ptr<WorkerClient> client_;
-  std::string worker_id_;
+  mutable absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);  // changes when the worker registers again
+  // The identity the current generation's assignment was given to (main thread only): its
+  // reports keep using it, so that a worker declared lost meanwhile is refused (NOT_FOUND)
+  // and rejoins instead of reporting under an identity that has no rank.
+  std::string member_id_;
   std::string job_id_;
   v1::JobSpec spec_;
   absl::Duration heartbeat_every_ = absl::Seconds(1);
@@ -82,12 +93,12 @@ class Worker {
 
   std::atomic<int64_t> applied_update_{0};
   std::atomic<bool> job_over_{false};
-  std::atomic<bool> lost_{false};
+  // The coordinator refused this worker for good (a different dataset, the job gone).
+  std::atomic<bool> refused_{false};
   std::atomic<int64_t> joined_generation_{0};   // the generation this worker last joined
   std::atomic<int64_t> current_generation_{0};  // as the latest heartbeat answer says
   absl::Notification stop_heartbeats_;
   std::thread heartbeats_;
-  mutable absl::Mutex mu_;
   v1::HeartbeatResponse last_heartbeat_ ABSL_GUARDED_BY(mu_);
   v1::DatasetInfo dataset_report_ ABSL_GUARDED_BY(mu_);  // set once the data is loaded
 };

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -410,6 +411,34 @@ TEST_F(CoordinatorTest, TickExpiresLeasesAndAnswersWaiters) {
   absl::StatusOr<v1::Job> j = GetJob(job);
   ASSERT_TRUE(j.ok());
   EXPECT_EQ(j->progress().windows_aborted(), 1);
+}
+
+// Catches the crash a probe found: Open failing after the Coordinator object exists ran
+// ~Coordinator → Shutdown on a journal that was never created (a segfault instead of the
+// error naming the file and offset).
+TEST_F(CoordinatorTest, OpenFailureReturnsTheErrorInsteadOfCrashing) {
+  Submit(1);
+  Submit(1);
+  coordinator_.reset();
+  const std::string log = dir_ + "/log-000001";
+  {
+    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(16 + 3);  // the first record's length, high byte (under its header checksum)
+    f.put('\x7f');
+  }
+  CoordinatorOptions options;
+  options.state_dir = dir_;
+  options.clock = &clock_;
+  absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Open(options);
+  ASSERT_TRUE(absl::IsDataLoss(c.status())) << c.status();
+  EXPECT_THAT(std::string(c.status().message()),
+              ::testing::HasSubstr(log + " is damaged at byte offset 16"));
+
+  options.state_dir = log;  // a file, not a directory
+  c = Coordinator::Open(options);
+  EXPECT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr(log));
 }
 
 }  // namespace

@@ -66,10 +66,10 @@ TEST(JobRegistryTest, SubmitIsIdempotentOnRequestId) {
   EXPECT_EQ(a->request_id(), "req-1");
   EXPECT_EQ(a->spec().workers().count(), 2);
   EXPECT_EQ(a->submit_time_ms(), absl::ToUnixMillis(kT0));
-  absl::StatusOr<v1::Job> again = reg.Submit(SubmitWorkers(3, "req-1"), kT0 + absl::Seconds(1));
+  absl::StatusOr<v1::Job> again = reg.Submit(SubmitWorkers(2, "req-1"), kT0 + absl::Seconds(1));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->job_id(), "job-1");
-  EXPECT_EQ(again->spec().workers().count(), 2);  // the first request's job
+  EXPECT_EQ(again->submit_time_ms(), absl::ToUnixMillis(kT0));  // the first request's job
   EXPECT_EQ(reg.TakeRecords().size(), 1u);
 
   EXPECT_EQ(reg.Submit(SubmitWorkers(2, "req-2"), kT0)->job_id(), "job-2");
@@ -81,6 +81,84 @@ TEST(JobRegistryTest, SubmitIsIdempotentOnRequestId) {
   std::vector<v1::JournalRecord> records = reg.TakeRecords();
   std::unique_ptr<JobRegistry> replayed = Replay(records);
   EXPECT_EQ(replayed->Submit(SubmitWorkers(2, "req-2"), kT0)->job_id(), "job-2");
+}
+
+// AIP-155: the same request id with a different request is an error naming the id, not the
+// first job (a probe got the first job back, silently). "Same" compares the resolved specs,
+// so a retry that only differs in formatting or in spelled-out defaults is the same request.
+// The comparison must hold after a restart (replay and snapshot).
+TEST(JobRegistryTest, ReusedRequestIdWithAnotherSpecIsRefused) {
+  JobRegistry reg{MachineOptions{}};
+  SpecOptions o;
+  o.workers = 2;
+  const std::string json = SpecJson(o);
+  ASSERT_EQ(reg.Submit(SubmitJson(json, "req-1"), kT0)->job_id(), "job-1");
+  // Same spec: extra whitespace and a default written out.
+  const std::string same = "  " + json.substr(0, json.size() - 1) + R"(, "seed": 0 } )";
+  auto expect_same_and_refused = [&](JobRegistry& r) {
+    absl::StatusOr<v1::Job> retry = r.Submit(SubmitJson(same, "req-1"), kT0 + absl::Seconds(5));
+    ASSERT_TRUE(retry.ok()) << retry.status();
+    EXPECT_EQ(retry->job_id(), "job-1");
+    absl::StatusOr<v1::Job> other = r.Submit(SubmitWorkers(3, "req-1"), kT0 + absl::Seconds(5));
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists) << other.status();
+    EXPECT_THAT(std::string(other.status().message()),
+                HasSubstr("request_id \"req-1\" was already used for job-1 with a different spec"));
+    EXPECT_EQ(r.List().size(), 1u);
+  };
+  expect_same_and_refused(reg);
+  EXPECT_EQ(reg.TakeRecords().size(), 1u);
+
+  JobRegistry source{MachineOptions{}};
+  ASSERT_TRUE(source.Submit(SubmitJson(json, "req-1"), kT0).ok());
+  const v1::CoordinatorSnapshot snapshot = source.Snapshot();
+  std::unique_ptr<JobRegistry> replayed = Replay(source.TakeRecords());
+  expect_same_and_refused(*replayed);
+  JobRegistry restored{MachineOptions{}};
+  restored.Restore(snapshot, kT0);
+  expect_same_and_refused(restored);
+}
+
+// Catches the probe's coordinator pause: after SIGSTOP longer than a lease, the first tick
+// expired every lease before the heartbeats queued meanwhile were read, so every worker was
+// declared lost and the job failed. A tick long after the previous one is a stall of the
+// coordinator: every lease restarts instead, and only a worker silent for a whole lease after
+// it is lost.
+TEST(JobRegistryTest, StallOfTheCoordinatorRenewsLeasesInsteadOfExpiring) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = sim.Start(2);
+  JobRegistry& reg = sim.registry();
+  const absl::Duration lease = sim.options().worker_lease;
+  // A driver ticking on time (NextDeadline asks for a tick at least every lease / 4).
+  absl::Time last_tick;
+  for (int i = 0; i < 8; ++i) {
+    last_tick = sim.now();
+    EXPECT_FALSE(reg.Tick(sim.now()).has_value());
+    ASSERT_TRUE(reg.NextDeadline().has_value());
+    EXPECT_LE(*reg.NextDeadline(), sim.now() + lease / 4);
+    sim.Advance(lease / 4);
+    sim.HeartbeatAllExcept({});
+  }
+  // Paused for 1.5 leases, heartbeats queued: nobody is lost.
+  sim.Advance(lease + lease / 2);
+  sim.Drain();
+  const size_t records = sim.records().size();
+  const std::optional<absl::Duration> stall = reg.Tick(sim.now());
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(*stall, sim.now() - last_tick);
+  sim.Drain();
+  EXPECT_EQ(sim.records().size(), records);
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) EXPECT_NE(w.state(), v1::LOST);
+  // The queued heartbeat of one worker is read; the other worker really is gone.
+  ASSERT_TRUE(sim.Heartbeat(ids[0]).ok());
+  for (int i = 0; i < 4; ++i) {
+    sim.Advance(lease / 4 + absl::Milliseconds(1));
+    EXPECT_FALSE(reg.Tick(sim.now()).has_value());
+    sim.Drain();
+    if (i < 3) ASSERT_TRUE(sim.Heartbeat(ids[0]).ok());
+  }
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    EXPECT_EQ(w.state() == v1::LOST, w.worker_id() == ids[1]) << w.worker_id();
+  }
 }
 
 // Catches: a bad spec that is accepted, creates a job, or fails without naming the field.

@@ -33,13 +33,33 @@ constexpr char kDir[] = "/j";
 std::string LogPath(int n) { return absl::StrFormat("/j/log-%06d", n); }
 std::string SnapshotPath(int n) { return absl::StrFormat("/j/snapshot-%06d", n); }
 
-// The on-disk framing, written independently of journal.cc so a shared bug cannot hide.
-std::string Frame(const std::string& payload) {
+// The on-disk format, written independently of journal.cc so a shared bug cannot hide.
+std::string Fixed32(uint32_t v) {
   std::string out;
-  for (uint32_t v : {static_cast<uint32_t>(payload.size()), MaskCrc(Crc32c(payload))}) {
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-  }
-  return out + payload;
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  return out;
+}
+std::string FileHeader(uint32_t kind, uint32_t version = 2) {
+  return "TSJOURNL" + Fixed32(version) + Fixed32(kind);
+}
+std::string LogHeader() { return FileHeader(1); }
+// Format 2: length, payload CRC, header CRC, payload, end marker.
+std::string Frame(const std::string& payload) {
+  std::string header =
+      Fixed32(static_cast<uint32_t>(payload.size())) + Fixed32(MaskCrc(Crc32c(payload)));
+  header += Fixed32(MaskCrc(Crc32c(header)));
+  return header + payload + "\xA5";
+}
+std::string LogFile(const std::vector<std::string>& records) {
+  std::string out = LogHeader();
+  for (const std::string& r : records) out += Frame(r);
+  return out;
+}
+std::string SnapshotFile(const std::string& state) { return FileHeader(2) + Frame(state); }
+// Format 1 (before the file header and the header checksum): length, payload CRC, payload.
+std::string LegacyFrame(const std::string& payload) {
+  return Fixed32(static_cast<uint32_t>(payload.size())) + Fixed32(MaskCrc(Crc32c(payload))) +
+         payload;
 }
 
 std::unique_ptr<Journal> OpenOrDie(Env* env, RecoveredJournal* recovered,
@@ -96,7 +116,7 @@ TEST_F(JournalTest, AppendAfterReopenContinuesTheLog) {
   EXPECT_EQ(journal_->Append("c"), 1u);  // Sequence numbers are per Journal object.
   ASSERT_TRUE(journal_->Sync(1).ok());
   EXPECT_THAT(Reopen().records, ElementsAre("a", "b", "c"));
-  EXPECT_EQ(*env_.fs().Contents(LogPath(1)), Frame("a") + Frame("b") + Frame("c"));
+  EXPECT_EQ(*env_.fs().Contents(LogPath(1)), LogFile({"a", "b", "c"}));
 }
 
 // Catches unsynced records leaking to disk when a Journal is destroyed (they were never acked).
@@ -191,13 +211,13 @@ TEST_F(JournalTest, IgnoresAndDeletesObsoleteAndTempFiles) {
     ASSERT_TRUE(f.ok());
     ASSERT_TRUE((*f)->Append(data).ok());
   };
-  put(SnapshotPath(2), Frame("old snapshot"));
-  put(LogPath(2), Frame("old record"));
-  put(SnapshotPath(3), Frame("new snapshot"));
-  put(LogPath(3), Frame("new record"));
+  put(SnapshotPath(2), SnapshotFile("old snapshot"));
+  put(LogPath(2), LogFile({"old record"}));
+  put(SnapshotPath(3), SnapshotFile("new snapshot"));
+  put(LogPath(3), LogFile({"new record"}));
   put(SnapshotPath(4) + ".tmp", "half a snap");
   put("/j/notes.txt", "not ours");
-  put("/j/log-03", Frame("not canonical"));
+  put("/j/log-03", LogFile({"not canonical"}));
   RecoveredJournal recovered = Reopen();
   EXPECT_EQ(recovered.snapshot, "new snapshot");
   EXPECT_THAT(recovered.records, ElementsAre("new record"));
@@ -209,11 +229,11 @@ TEST_F(JournalTest, IgnoresAndDeletesObsoleteAndTempFiles) {
 TEST_F(JournalTest, SnapshotWithoutItsLogStartsThatLog) {
   ASSERT_TRUE(env_.CreateDirs(kDir).ok());
   ASSERT_TRUE(env_.NewWritableFile(SnapshotPath(5)).ok());
-  env_.fs().SetContents(SnapshotPath(5), Frame("state"));
+  env_.fs().SetContents(SnapshotPath(5), SnapshotFile("state"));
   RecoveredJournal recovered = Reopen();
   EXPECT_EQ(recovered.snapshot, "state");
   AppendAll(journal_.get(), {"x"});
-  EXPECT_EQ(*env_.fs().Contents(LogPath(5)), Frame("x"));
+  EXPECT_EQ(*env_.fs().Contents(LogPath(5)), LogFile({"x"}));
 }
 
 // Catches recovery skipping over a missing log, which would silently lose its records.
@@ -230,8 +250,9 @@ TEST_F(JournalTest, CorruptionInTheMiddleRefusesToOpen) {
   Reopen();
   AppendAll(journal_.get(), {"first", "second", "third"});
   journal_.reset();
-  const size_t second_at = Frame("first").size();
-  env_.fs().CorruptByte(LogPath(1), second_at + 8 + 2);
+  const size_t second_at = LogHeader().size() + Frame("first").size();
+  env_.fs().CorruptByte(LogPath(1), second_at + 12 + 2);
+  const std::string corrupted = *env_.fs().Contents(LogPath(1));
   auto journal = Journal::Open(&env_, kDir, {}, nullptr);
   ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
   const std::string message(journal.status().message());
@@ -239,7 +260,7 @@ TEST_F(JournalTest, CorruptionInTheMiddleRefusesToOpen) {
   EXPECT_THAT(message, HasSubstr(absl::StrCat("offset ", second_at)));
   EXPECT_THAT(message, HasSubstr("checksum mismatch"));
   EXPECT_THAT(message, HasSubstr("repaired or restored by hand"));
-  EXPECT_EQ(env_.fs().Contents(LogPath(1))->size(), 3 * 8 + 16u);  // Left untouched.
+  EXPECT_EQ(*env_.fs().Contents(LogPath(1)), corrupted);  // Left untouched.
 }
 
 // Catches a corrupt snapshot being ignored in favour of an empty state.
@@ -247,12 +268,12 @@ TEST_F(JournalTest, CorruptSnapshotRefusesToOpen) {
   Reopen();
   ASSERT_TRUE(journal_->WriteSnapshot("state").ok());
   journal_.reset();
-  env_.fs().CorruptByte(SnapshotPath(2), 9);
+  env_.fs().CorruptByte(SnapshotPath(2), 16 + 12 + 1);
   auto journal = Journal::Open(&env_, kDir, {}, nullptr);
   ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
   EXPECT_THAT(std::string(journal.status().message()), HasSubstr(SnapshotPath(2)));
   // A snapshot is never torn (it is fsynced before its rename), so truncation is corruption too.
-  env_.fs().SetContents(SnapshotPath(2), Frame("state").substr(0, 10));
+  env_.fs().SetContents(SnapshotPath(2), SnapshotFile("state").substr(0, 30));
   EXPECT_TRUE(absl::IsDataLoss(Journal::Open(&env_, kDir, {}, nullptr).status()));
 }
 
@@ -261,20 +282,21 @@ TEST_F(JournalTest, TornRecordInOlderLogRefusesToOpen) {
   ASSERT_TRUE(env_.CreateDirs(kDir).ok());
   ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
   ASSERT_TRUE(env_.NewWritableFile(LogPath(2)).ok());
-  env_.fs().SetContents(LogPath(1), Frame("a") + Frame("b").substr(0, 5));
-  env_.fs().SetContents(LogPath(2), Frame("c"));
+  env_.fs().SetContents(LogPath(1), LogFile({"a"}) + Frame("b").substr(0, 5));
+  env_.fs().SetContents(LogPath(2), LogFile({"c"}));
   auto journal = Journal::Open(&env_, kDir, {}, nullptr);
   ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
   EXPECT_THAT(std::string(journal.status().message()), HasSubstr(LogPath(1)));
-  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("offset 9"));
-  env_.fs().SetContents(LogPath(1), Frame("a") + Frame("b"));
+  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("offset 30"));
+  env_.fs().SetContents(LogPath(1), LogFile({"a", "b"}));
   EXPECT_THAT(Reopen().records, ElementsAre("a", "b", "c"));
 }
 
 // Catches each kind of torn tail either refusing to open or not being truncated away, which
-// would make the next append land after garbage.
-TEST_F(JournalTest, TornTailIsDroppedWithWarningAndTruncated) {
-  const std::string intact = Frame("a=1") + Frame("b=2");
+// would make the next append land after garbage, and catches dropped bytes that are not
+// kept aside (a misjudged tail would then be lost for good).
+TEST_F(JournalTest, TornTailIsDroppedWithWarningKeptAsideAndTruncated) {
+  const std::string intact = LogFile({"a=1", "b=2"});
   const std::string next = Frame("c=3");
   const std::string zeros(20, '\0');
   struct Case {
@@ -284,12 +306,15 @@ TEST_F(JournalTest, TornTailIsDroppedWithWarningAndTruncated) {
   };
   const std::vector<Case> cases = {
       {"partial header", next.substr(0, 5), "incomplete record header"},
-      {"length past EOF", next.substr(0, next.size() - 1), "runs past end of file"},
+      {"partial header then zeros", next.substr(0, 7) + zeros, "incomplete record header"},
+      {"payload past EOF", next.substr(0, 14), "runs past end of file"},
+      {"end marker past EOF", next.substr(0, next.size() - 1), "runs past end of file"},
       {"zero fill", zeros, "only zero bytes"},
       {"short zero fill", zeros.substr(0, 3), "only zero bytes"},
-      {"bad checksum at EOF", next.substr(0, 8) + std::string(next.size() - 8, '\0'),
+      {"zero-filled payload", next.substr(0, 12) + std::string(next.size() - 12, '\0'),
        "checksum mismatch"},
-      {"bad checksum then zeros", next.substr(0, 8) + "xyz" + zeros, "checksum mismatch"},
+      {"payload cut, then zeros", next.substr(0, 13) + zeros, "checksum mismatch"},
+      {"end marker zero", next.substr(0, next.size() - 1) + '\0' + zeros, "lacks its end marker"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -307,6 +332,13 @@ TEST_F(JournalTest, TornTailIsDroppedWithWarningAndTruncated) {
                                        intact.size(), " (", c.tail.size(), " bytes)")));
     EXPECT_THAT(recovered.warnings[0], HasSubstr(c.reason));
     EXPECT_EQ(env.fs().SyncedContents(LogPath(1)), intact);  // Truncated durably.
+    const std::string aside = absl::StrCat(LogPath(1), ".torn-", intact.size());
+    if (c.tail.find_first_not_of('\0') == std::string::npos) {
+      EXPECT_FALSE(env.fs().Contents(aside).has_value());  // Nothing but zeros: nothing kept.
+    } else {
+      EXPECT_THAT(recovered.warnings[0], HasSubstr(absl::StrCat("kept in ", aside)));
+      EXPECT_EQ(env.fs().SyncedContents(aside), c.tail);
+    }
     AppendAll(journal.get(), {"d=4"});
     journal.reset();
     journal = OpenOrDie(&env, &recovered);
@@ -315,18 +347,160 @@ TEST_F(JournalTest, TornTailIsDroppedWithWarningAndTruncated) {
   }
 }
 
-// Catches a checksum mismatch followed by real data being dropped as a tail: that would lose
-// the acknowledged records after it.
-TEST_F(JournalTest, BadChecksumWithDataAfterItRefusesToOpen) {
+// Each case is damage a crash cannot produce (it only cuts an append short or leaves zeros),
+// so Open must refuse, name the file and the offset, and change nothing. Catches the bugs a
+// probe found in format 1: one flipped length byte emptied the log (the length "ran past
+// EOF"), a random-bytes file became 0 bytes, and a corrupted last record was dropped although
+// it had been acknowledged.
+TEST_F(JournalTest, DamageACrashCannotCauseRefusesToOpenAndChangesNothing) {
+  const std::vector<std::string> records = {"first record", "second record", "third record"};
+  const std::string good = LogFile(records);
+  const size_t first_at = LogHeader().size();
+  const size_t second_at = first_at + Frame(records[0]).size();
+  const size_t third_at = second_at + Frame(records[1]).size();
+  std::mt19937 rng(11);
+  std::string random(4096, '\0');
+  for (char& ch : random) ch = static_cast<char>(rng());
+  struct Case {
+    const char* name;
+    std::string contents;
+    size_t offset;
+    const char* problem;
+  };
+  auto flip = [&good](size_t at, char mask) {
+    std::string s = good;
+    s[at] ^= mask;
+    return s;
+  };
+  const std::vector<Case> cases = {
+      {"first length, high byte", flip(first_at + 3, '\xff'), first_at, "header checksum"},
+      {"second length, low byte", flip(second_at, 0x01), second_at, "header checksum"},
+      {"second payload CRC", flip(second_at + 5, 0x10), second_at, "header checksum"},
+      {"middle payload byte", flip(second_at + 12 + 3, 0x40), second_at, "checksum mismatch"},
+      {"last record's payload", flip(third_at + 12 + 3, 0x40), third_at,
+       "all its bytes are present"},
+      {"last record's end marker", flip(good.size() - 1, 0x01), third_at, "lacks its end marker"},
+      {"bad record, then data",
+       good.substr(0, third_at) + Frame("x").substr(0, 12) + "y\xA5" + std::string(4, '\0') + "z",
+       third_at, "checksum mismatch"},
+      {"random bytes", random, 0, "not a journal file"},
+      {"header, then random bytes", LogHeader() + random, first_at, "header checksum"},
+      {"damaged file header", flip(2, 0x20), 0, "not a journal file"},
+      {"newer format", FileHeader(1, 3) + Frame("a"), 8, "written by a newer trainstep"},
+      {"a snapshot as a log", FileHeader(2) + Frame("a"), 12, "expected a log file"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FaultInjectionEnv env;
+    ASSERT_TRUE(env.CreateDirs(kDir).ok());
+    ASSERT_TRUE(env.NewWritableFile(LogPath(1)).ok());
+    env.fs().SetContents(LogPath(1), c.contents);
+    auto journal = Journal::Open(&env, kDir, {}, nullptr);
+    ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+    const std::string message(journal.status().message());
+    EXPECT_THAT(message,
+                HasSubstr(absl::StrCat(LogPath(1), " is damaged at byte offset ", c.offset, ":")));
+    EXPECT_THAT(message, HasSubstr(c.problem));
+    EXPECT_THAT(message, HasSubstr("nothing was changed"));
+    EXPECT_EQ(*env.fs().Contents(LogPath(1)), c.contents);
+    EXPECT_THAT(*env.ListDir(kDir), ElementsAre("log-000001"));
+  }
+}
+
+// Catches a newest log whose creation was cut short (its file header incomplete or zeroed)
+// refusing to open, or later appends landing after the broken header.
+TEST_F(JournalTest, TornFileHeaderOfNewestLogIsRewritten) {
+  for (const std::string& contents :
+       {std::string(), LogHeader().substr(0, 5), LogHeader().substr(0, 9) + std::string(7, '\0'),
+        std::string(16, '\0'), std::string(40, '\0')}) {
+    SCOPED_TRACE(contents.size());
+    FaultInjectionEnv env;
+    ASSERT_TRUE(env.CreateDirs(kDir).ok());
+    ASSERT_TRUE(env.NewWritableFile(LogPath(1)).ok());
+    env.fs().SetContents(LogPath(1), contents);
+    RecoveredJournal recovered;
+    std::unique_ptr<Journal> journal = OpenOrDie(&env, &recovered);
+    ASSERT_NE(journal, nullptr);
+    EXPECT_THAT(recovered.records, IsEmpty());
+    AppendAll(journal.get(), {"a"});
+    EXPECT_EQ(env.fs().SyncedContents(LogPath(1)), LogFile({"a"}));
+  }
+}
+
+// Catches journals written before the format change becoming unreadable, records of both
+// formats mixed in one file, or a format-1 torn tail / damaged length handled like format 2.
+TEST_F(JournalTest, Format1JournalIsReadAndContinuedInFormat2) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(SnapshotPath(2)).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(2)).ok());
+  env_.fs().SetContents(SnapshotPath(2), LegacyFrame("state"));
+  env_.fs().SetContents(LogPath(2), LegacyFrame("a") + LegacyFrame("") + LegacyFrame("b"));
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "state");
+  EXPECT_THAT(recovered.records, ElementsAre("a", "", "b"));
+  ASSERT_EQ(recovered.warnings.size(), 1u);
+  EXPECT_THAT(recovered.warnings[0], HasSubstr("format 1"));
+  AppendAll(journal_.get(), {"c"});
+  EXPECT_EQ(*env_.fs().Contents(LogPath(2)),
+            LegacyFrame("a") + LegacyFrame("") + LegacyFrame("b"));  // Never appended to.
+  EXPECT_EQ(*env_.fs().Contents(LogPath(3)), LogFile({"c"}));
+  recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "state");
+  EXPECT_THAT(recovered.records, ElementsAre("a", "", "b", "c"));
+  EXPECT_THAT(recovered.warnings, IsEmpty());
+  ASSERT_TRUE(journal_->WriteSnapshot("state2").ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000004", "log-000004"));
+}
+
+// Format 1 could not protect its lengths; catches its damage being judged as loosely as
+// before (a flipped length dropping every later record) or a real torn tail refusing to open.
+TEST_F(JournalTest, Format1DamageIsJudgedStrictly) {
+  const std::string a = LegacyFrame("first"), b = LegacyFrame("second"), c = LegacyFrame("third");
+  const std::string good = a + b + c;
+  std::mt19937 rng(5);
+  std::string random(4096, '\0');
+  for (char& ch : random) ch = static_cast<char>(rng());
+  auto flip = [&good](size_t at, char mask) {
+    std::string s = good;
+    s[at] ^= mask;
+    return s;
+  };
+  struct Refused {
+    const char* name;
+    std::string contents;
+    size_t offset;
+  };
+  for (const Refused& r : std::vector<Refused>{
+           {"first length, high byte", flip(3, '\xff'), 0},
+           {"second length, high byte", flip(a.size() + 3, '\x7f'), a.size()},
+           {"last record's payload", flip(good.size() - 2, 0x40), a.size() + b.size()},
+           {"random bytes", random, 0},
+       }) {
+    SCOPED_TRACE(r.name);
+    FaultInjectionEnv env;
+    ASSERT_TRUE(env.CreateDirs(kDir).ok());
+    ASSERT_TRUE(env.NewWritableFile(LogPath(1)).ok());
+    env.fs().SetContents(LogPath(1), r.contents);
+    auto journal = Journal::Open(&env, kDir, {}, nullptr);
+    ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
+    EXPECT_THAT(std::string(journal.status().message()),
+                HasSubstr(absl::StrCat("damaged at byte offset ", r.offset, ":")));
+    EXPECT_EQ(*env.fs().Contents(LogPath(1)), r.contents);
+  }
+
+  // A torn tail: kept aside, cut off, and the journal continues in a format-2 log.
   ASSERT_TRUE(env_.CreateDirs(kDir).ok());
   ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
-  std::string bad = Frame("b=2");
-  bad[9] ^= 1;
-  env_.fs().SetContents(LogPath(1), Frame("a=1") + bad + std::string(4, '\0') + "x");
-  auto journal = Journal::Open(&env_, kDir, {}, nullptr);
-  ASSERT_TRUE(absl::IsDataLoss(journal.status())) << journal.status();
-  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("offset 11"));
-  EXPECT_THAT(std::string(journal.status().message()), HasSubstr("with more data after it"));
+  const std::string tail = c.substr(0, c.size() - 2);
+  env_.fs().SetContents(LogPath(1), a + b + tail);
+  RecoveredJournal recovered = Reopen();
+  EXPECT_THAT(recovered.records, ElementsAre("first", "second"));
+  ASSERT_EQ(recovered.warnings.size(), 2u);
+  EXPECT_THAT(recovered.warnings[0], HasSubstr("runs past end of file"));
+  EXPECT_EQ(*env_.fs().Contents(absl::StrCat(LogPath(1), ".torn-", a.size() + b.size())), tail);
+  EXPECT_EQ(env_.fs().SyncedContents(LogPath(1)), a + b);
+  AppendAll(journal_.get(), {"fourth"});
+  EXPECT_THAT(Reopen().records, ElementsAre("first", "second", "fourth"));
 }
 
 // Catches a failed fsync being reported as success, or the journal carrying on after it
@@ -350,10 +524,11 @@ TEST_F(JournalTest, FsyncFailureBreaksTheJournal) {
 // Catches a failed write being followed by an fsync that then "acknowledges" missing records.
 TEST_F(JournalTest, WriteFailureBreaksTheJournal) {
   Reopen();
+  const int syncs = env_.count(FsOp::kSync);  // Open synced the new log's file header.
   env_.FailNext(FsOp::kAppend, absl::ResourceExhaustedError("write /j/log-000001: No space left"));
   absl::Status s = journal_->Sync(journal_->Append("a"));
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-  EXPECT_EQ(env_.count(FsOp::kSync), 0);
+  EXPECT_EQ(env_.count(FsOp::kSync), syncs);
   EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
 }
 
@@ -400,6 +575,8 @@ TEST_F(JournalTest, OnFsyncHookReportsEachGroupCommit) {
 // grouping is deterministic.
 TEST_F(JournalTest, GroupCommitSharesFsyncs) {
   Reopen();
+  const int syncs_before = env_.count(FsOp::kSync);
+  const int appends_before = env_.count(FsOp::kAppend);
   constexpr int kThreads = 8;
   absl::Notification all_appended;
   std::atomic<int> appended{0};
@@ -424,14 +601,16 @@ TEST_F(JournalTest, GroupCommitSharesFsyncs) {
   }
   for (std::thread& t : threads) t.join();
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
-  EXPECT_LE(env_.count(FsOp::kSync), 2);
-  EXPECT_EQ(env_.count(FsOp::kAppend), env_.count(FsOp::kSync));  // One write per fsync.
+  EXPECT_LE(env_.count(FsOp::kSync) - syncs_before, 2);
+  EXPECT_EQ(env_.count(FsOp::kAppend) - appends_before,
+            env_.count(FsOp::kSync) - syncs_before);  // One write per fsync.
   EXPECT_EQ(Reopen().records.size(), static_cast<size_t>(kThreads));
 }
 
 // Catches races between concurrent Append and Sync (lost, duplicated or early-acked records).
 TEST_F(JournalTest, ConcurrentAppendAndSyncStress) {
   Reopen();
+  const int syncs_before = env_.count(FsOp::kSync);
   constexpr int kThreads = 6;
   constexpr int kPerThread = 200;
   std::vector<std::thread> threads;
@@ -449,7 +628,7 @@ TEST_F(JournalTest, ConcurrentAppendAndSyncStress) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_LE(env_.count(FsOp::kSync), kThreads * kPerThread);
+  EXPECT_LE(env_.count(FsOp::kSync) - syncs_before, kThreads * kPerThread);
   std::vector<std::string> records = Reopen().records;
   ASSERT_EQ(records.size(), static_cast<size_t>(kThreads * kPerThread));
   std::map<int, int> next;  // Per thread, records must appear in the order appended.

@@ -1,7 +1,9 @@
 #include "coordinator/kv_store.h"
 
+#include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace trainstep {
@@ -33,6 +35,20 @@ TEST(KvStoreTest, AddKeepsDecimalString) {
   absl::StatusOr<int64_t> bad = s.Add("x", 1);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.Get("x"), "abc");
+}
+
+// Catches the probe's StoreAdd wrapping past 2^63-1 (a counter handed out twice, negative).
+TEST(KvStoreTest, AddRefusesToWrap) {
+  KvStore s;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(*s.Add("n", kMax), kMax);
+  absl::StatusOr<int64_t> wrapped = s.Add("n", 1);
+  EXPECT_EQ(wrapped.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(std::string(wrapped.status().message()).find("\"n\""), std::string::npos);
+  EXPECT_EQ(s.Get("n"), absl::StrCat(kMax));  // unchanged
+  EXPECT_EQ(*s.Add("n", -kMax), 0);
+  EXPECT_EQ(*s.Add("m", std::numeric_limits<int64_t>::min()), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(s.Add("m", -1).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 // Catches: compareSet deviating from c10d: missing key with empty expected must set; missing

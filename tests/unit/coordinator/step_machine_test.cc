@@ -807,30 +807,149 @@ TEST(StepMachineTest, RejectsOutOfProtocolReports) {
 }
 
 // Catches: a CompleteWindow that does not count the rank's units when its BeginWindow was
-// lost (the coordinator restarted between the two), so the window never ends.
-TEST(StepMachineTest, CompleteWithoutBeginCountsUnits) {
+// lost (the coordinator restarted between the two), so the window never ends; and one that
+// counts twice when the rank's BeginWindow did reach the restarted coordinator.
+TEST(StepMachineTest, CompleteWithoutBeginCountsUnitsAfterARestart) {
   SimulatedRanks sim(ResolvedSpec({}));
   sim.Start(2);
   ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
-  sim.registry().Restore(sim.registry().Snapshot(), sim.now());  // a restarted coordinator
+  // A restarted coordinator: window 2's begin barrier was answered by the previous one.
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
   auto c = sim.Complete(0, 2, RankReport{30, 30, false, 1.0, 2, 1});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->ready);
+  // Rank 1's answer was lost with the old coordinator: it begins again, then completes.
+  auto b = sim.Begin(1, 2, 10);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->ready);
+  EXPECT_EQ(b->response.global_valid_units(), 40);
   c = sim.Complete(1, 2, RankReport{10, 10, false, 1.0, 2, 1});
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE(c->ready);
   EXPECT_EQ(c->response.decision().outcome(), v1::COMMIT);
-  EXPECT_EQ(c->response.decision().record().global_valid_tokens(), 40);
+  EXPECT_EQ(c->response.decision().record().global_valid_tokens(), 40);  // counted once each
   EXPECT_DOUBLE_EQ(c->response.decision().record().loss(), 1.0);
   EXPECT_EQ(sim.progress().cumulative_tokens(), 60);
+}
 
-  // Mixed: rank 0 began window 3, rank 1 only completes it.
-  EXPECT_FALSE(sim.Begin(0, 3, 5)->ready);
-  EXPECT_FALSE(sim.Complete(0, 3, RankReport{5, 5, false, 1.0, 2, 1})->ready);
-  c = sim.Complete(1, 3, RankReport{5, 7, false, 1.0, 2, 1});
-  ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(c->ready);
-  EXPECT_EQ(c->response.decision().record().global_valid_tokens(), 12);
+// Decision (README "Where this differs"): a CompleteWindow stands for a missing BeginWindow
+// only for the window in flight when the coordinator recovered. Catches a CompleteWindow sent
+// before its BeginWindow (or before the begin barrier answered N) being counted as the rank's
+// begin report, which let a rank that never knew N complete the begin barrier.
+TEST(StepMachineTest, CompleteBeforeTheBeginBarrierIsRefused) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  auto c = sim.Complete(0, 1, RankReport{});
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(MessageOf(c), HasSubstr("without a BeginWindow"));
+  ASSERT_FALSE(sim.Begin(0, 1, 10)->ready);
+  c = sim.Complete(0, 1, RankReport{});
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(MessageOf(c), HasSubstr("before the window's begin barrier completed"));
+  // Rank 1 was not counted by the refused reports: its BeginWindow is what completes the
+  // barrier.
+  auto b = sim.Begin(1, 1, 7);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->ready);
+  EXPECT_EQ(b->response.global_valid_units(), 17);
+
+  // After a restart only the window then in flight accepts the stand-in.
+  sim.CompleteAll(1, {RankReport{10, 10}, RankReport{7, 7}});
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
+  ASSERT_FALSE(sim.Complete(0, 2, RankReport{})->ready);  // window 2: in flight at recovery
+  ASSERT_TRUE(sim.Complete(1, 2, RankReport{})->ready);
+  EXPECT_EQ(CodeOf(sim.Complete(0, 3, RankReport{})), absl::StatusCode::kFailedPrecondition);
+}
+
+// Every number a worker reports is range-checked in one place (report_validation.h), before
+// the machine looks at it. Catches the probe's findings: valid_units 2^62 on two ranks
+// wrapped global_valid_units negative, grad_norm -1 committed with clip_coef -1.000001,
+// micro_steps 2^63-1 on two ranks logged as -2, dataset.samples 2^63-1 gave a negative
+// windows_per_epoch.
+TEST(StepMachineTest, ReportsOutOfRangeAreRefusedNamingTheField) {
+  SpecOptions o;
+  o.max_grad_norm = 1.0;
+  SimulatedRanks sim(ResolvedSpec(o));
+  const std::vector<std::string> ids = sim.Start(2);
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const size_t records = sim.records().size();
+
+  auto b = sim.Begin(0, 1, kHuge);
+  EXPECT_EQ(CodeOf(b), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MessageOf(b),
+            "BeginWindowRequest.valid_units must be ≥ 0 and ≤ 2^53, got 4611686018427387904");
+  EXPECT_EQ(CodeOf(sim.Begin(0, 1, -1)), absl::StatusCode::kInvalidArgument);
+  // Each rank within the bound, but not their sum.
+  ASSERT_TRUE(sim.Begin(0, 1, int64_t{1} << 53).ok());
+  b = sim.Begin(1, 1, int64_t{1} << 53);
+  EXPECT_EQ(CodeOf(b), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MessageOf(b), HasSubstr("exceed 2^53"));
+
+  SimulatedRanks sim2(ResolvedSpec(o));
+  sim2.Start(2);
+  sim2.BeginAll(1, {10, 10});
+  RankReport negative_norm;
+  negative_norm.grad_norm = -1;
+  auto c = sim2.Complete(0, 1, negative_norm);
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.grad_norm must be ≥ 0"));
+  RankReport minus_inf;
+  minus_inf.grad_norm = -kInf;
+  EXPECT_EQ(CodeOf(sim2.Complete(0, 1, minus_inf)), absl::StatusCode::kInvalidArgument);
+  RankReport many_steps;
+  many_steps.micro_steps = kMax;
+  c = sim2.Complete(0, 1, many_steps);
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.micro_steps must be ≥ 0 and ≤ 2^32"));
+  RankReport many_calls;
+  many_calls.allreduce_calls = -1;
+  EXPECT_THAT(MessageOf(sim2.Complete(0, 1, many_calls)),
+              HasSubstr("CompleteWindowRequest.allreduce_calls"));
+  // An overflow window legitimately reports a non-finite norm (and loss).
+  RankReport overflow;
+  overflow.found_inf = true;
+  overflow.grad_norm = kNaN;
+  overflow.loss_sum = kInf;
+  const v1::WindowDecision d = sim2.CompleteAll(1, Reports(2, overflow));
+  EXPECT_EQ(d.outcome(), v1::SKIP);
+  EXPECT_EQ(d.reason(), "OVERFLOW");
+
+  v1::DatasetInfo huge = sim.dataset();
+  huge.set_samples(kMax);
+  SimulatedRanks fresh(ResolvedSpec(o));
+  const std::string w = fresh.AddWorker();
+  auto hb = fresh.Heartbeat(w, huge);
+  EXPECT_EQ(CodeOf(hb), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MessageOf(hb),
+            "HeartbeatRequest.dataset.samples must be ≥ 1 and ≤ 2^53, got 9223372036854775807");
+  huge.set_samples(0);
+  EXPECT_EQ(CodeOf(fresh.Heartbeat(w, huge)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fresh.progress().windows_per_epoch(), 0);
+
+  v1::AckCheckpointRequest ack;
+  ack.set_worker_id(ids[0]);
+  ack.set_checkpoint_id(-1);
+  EXPECT_EQ(CodeOf(sim.machine().AckCheckpoint(ack, sim.now())),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing refused changed the job.
+  EXPECT_EQ(sim.records().size(), records);
+  EXPECT_EQ(sim.progress().window_id(), 0);
+}
+
+// Catches cumulative_tokens wrapping negative after many windows of the largest valid N.
+TEST(StepMachineTest, CumulativeTokensSaturate) {
+  SpecOptions o;
+  o.workers = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(1);
+  RankReport big;
+  big.units = int64_t{1} << 53;
+  big.loss_sum = 1.0;
+  for (int i = 0; i < 1030; ++i) ASSERT_EQ(sim.RunWindow(Reports(1, big)).outcome(), v1::COMMIT);
+  EXPECT_EQ(sim.progress().cumulative_tokens(), std::numeric_limits<int64_t>::max());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -884,8 +1003,9 @@ TEST(StepMachineTest, LeaseExpiryAbortsWindowAndRetriesInNewGeneration) {
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE(again->ready);
   EXPECT_EQ(again->response.decision().outcome(), v1::ABORT);
-  // The lost worker is fenced off.
-  EXPECT_EQ(CodeOf(sim.Heartbeat(g1[0])), absl::StatusCode::kFailedPrecondition);
+  // The lost worker is fenced off: NOT_FOUND tells it to register again (a new identity).
+  EXPECT_EQ(CodeOf(sim.Heartbeat(g1[0])), absl::StatusCode::kNotFound);
+  EXPECT_THAT(MessageOf(sim.Heartbeat(g1[0])), HasSubstr("declared lost"));
 
   const v1::JobProgress p = sim.progress();
   EXPECT_EQ(p.window_id(), 1);

@@ -1,0 +1,95 @@
+#include "coordinator/report_validation.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+namespace trainstep {
+namespace {
+
+std::string Bound(int64_t v) {
+  if (v == kMaxUnits) return "2^53";
+  if (v == kMaxCallsPerWindow) return "2^32";
+  return absl::StrCat(v);
+}
+
+// "<Request>.<field> must be ≥ lo and ≤ hi, got v".
+absl::Status InRange(absl::string_view request, absl::string_view field, int64_t v, int64_t lo,
+                     int64_t hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(request, ".", field, " must be ≥ ", lo, " and ≤ ", Bound(hi), ", got ", v));
+}
+
+absl::Status AtLeast(absl::string_view request, absl::string_view field, int64_t v, int64_t lo) {
+  if (v >= lo) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(request, ".", field, " must be ≥ ", lo, ", got ", v));
+}
+
+// The coordinates every window report carries.
+template <typename Req>
+absl::Status ValidateWindowCoordinates(absl::string_view request, const Req& req) {
+  if (absl::Status s = AtLeast(request, "generation", req.generation(), 1); !s.ok()) return s;
+  if (absl::Status s = AtLeast(request, "window_id", req.window_id(), 1); !s.ok()) return s;
+  if (absl::Status s = AtLeast(request, "rank", req.rank(), 0); !s.ok()) return s;
+  return InRange(request, "valid_units", req.valid_units(), 0, kMaxUnits);
+}
+
+}  // namespace
+
+absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req) {
+  constexpr absl::string_view kRequest = "HeartbeatRequest";
+  if (absl::Status s = AtLeast(kRequest, "applied_update_id", req.applied_update_id(), 0);
+      !s.ok()) {
+    return s;
+  }
+  if (req.has_dataset())
+    return InRange(kRequest, "dataset.samples", req.dataset().samples(), 1, kMaxUnits);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBeginWindow(const v1::BeginWindowRequest& req) {
+  return ValidateWindowCoordinates("BeginWindowRequest", req);
+}
+
+absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
+  constexpr absl::string_view kRequest = "CompleteWindowRequest";
+  if (absl::Status s = ValidateWindowCoordinates(kRequest, req); !s.ok()) return s;
+  if (absl::Status s = InRange(kRequest, "micro_steps", req.micro_steps(), 0, kMaxCallsPerWindow);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          InRange(kRequest, "allreduce_calls", req.allreduce_calls(), 0, kMaxCallsPerWindow);
+      !s.ok()) {
+    return s;
+  }
+  // A norm is never negative; NaN and +inf are reports of overflow, not errors.
+  if (req.grad_norm() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s.grad_norm must be ≥ 0 (or NaN/+inf for an overflowed gradient), got %g",
+                        kRequest, req.grad_norm()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAckCheckpoint(const v1::AckCheckpointRequest& req) {
+  constexpr absl::string_view kRequest = "AckCheckpointRequest";
+  if (absl::Status s = AtLeast(kRequest, "checkpoint_id", req.checkpoint_id(), 0); !s.ok()) {
+    return s;
+  }
+  return AtLeast(kRequest, "optimizer_update_id", req.optimizer_update_id(), 0);
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
+
+}  // namespace trainstep
