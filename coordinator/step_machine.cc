@@ -436,6 +436,8 @@ absl::Status StepMachine::CheckBeginBarrierPassed(const Attempt& attempt,
   if (attempt.units_reported == static_cast<int32_t>(attempt.units.size())) {
     return absl::OkStatus();
   }
+  // A repeat of a CompleteWindow already accepted (the client re-sends while it waits).
+  if (attempt.complete[req.rank()].has_value()) return absl::OkStatus();
   if (attempt.units[req.rank()].has_value()) {
     // This rank is still waiting at the begin barrier: it cannot know N yet.
     return absl::FailedPreconditionError(

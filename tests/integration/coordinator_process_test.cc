@@ -1,6 +1,11 @@
-// The coordinator binary as operators run it: SIGTERM while workers wait in a barrier.
+// The coordinator binary as operators run it: SIGTERM while workers wait in a barrier, a
+// state directory it cannot open, a SIGSTOP longer than the lease.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +17,18 @@
 
 namespace trainstep {
 namespace {
+
+std::string TempDir(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-", name, "-", getpid()))
+      .string();
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 // SIGTERM drains: a rank blocked in BeginWindow is answered (UNAVAILABLE, retryable) instead
 // of hanging, the process exits 0 within its grace period and says so in its log.
@@ -44,6 +61,120 @@ TEST(CoordinatorProcessTest, SigtermDrainsWaitingCallsAndExitsZero) {
   text << log.rdbuf();
   EXPECT_NE(text.str().find("draining"), std::string::npos) << text.str();
   EXPECT_NE(text.str().find("stopped"), std::string::npos) << text.str();
+  c->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Catches the probe's crash: a coordinator whose state could not be opened segfaulted (exit
+// 139, nothing on stderr) in ~Coordinator. It must print the reason, naming the file and the
+// offset where there is one, and exit 1, for a journal damaged mid-file, a read-only state
+// directory and a state "directory" that is a file.
+TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
+  const std::string dir = TempDir("badstate");
+  const std::string state = dir + "/state";
+  {
+    absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
+        testing::ProcessCluster::Start(dir);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*c)->Submit(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})").ok());
+    }
+    ASSERT_EQ((*c)->TerminateCoordinator(absl::Seconds(15)), 0);
+  }
+  const auto run = [&](const std::string& state_dir, const std::string& log,
+                       std::optional<uid_t> uid = std::nullopt) {
+    absl::StatusOr<int> code =
+        testing::RunToExit({testing::BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0",
+                            "--metrics-listen", "", "--state-dir", state_dir},
+                           log, absl::Seconds(30), uid);
+    EXPECT_TRUE(code.ok()) << code.status();
+    return code.value_or(-1);
+  };
+  const std::string log_file = state + "/log-000001";
+
+  // Read-only: root ignores permissions, so it runs the coordinator as nobody.
+  ASSERT_EQ(chmod(state.c_str(), 0555), 0);
+  ASSERT_EQ(chmod(log_file.c_str(), 0444), 0);
+  const std::optional<uid_t> unprivileged =
+      geteuid() == 0 ? std::optional<uid_t>(65534) : std::nullopt;
+  EXPECT_EQ(run(state, dir + "/readonly.log", unprivileged), 1);
+  std::string text = ReadAll(dir + "/readonly.log");
+  EXPECT_NE(text.find("cannot open the journal in " + state), std::string::npos) << text;
+  EXPECT_NE(text.find("Permission denied"), std::string::npos) << text;
+  ASSERT_EQ(chmod(state.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(log_file.c_str(), 0644), 0);
+
+  // One byte of the second record's length flipped: damage mid-file, refused untouched.
+  const std::string before = ReadAll(log_file);
+  ASSERT_GT(before.size(), 100u);
+  const size_t second =
+      16 + 12 +
+      (static_cast<unsigned char>(before[16]) | static_cast<unsigned char>(before[17]) << 8) + 1;
+  {
+    std::fstream f(log_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(second);
+    f.put(static_cast<char>(before[second] ^ 0x08));
+  }
+  const std::string damaged = ReadAll(log_file);
+  EXPECT_EQ(run(state, dir + "/corrupt.log"), 1);
+  text = ReadAll(dir + "/corrupt.log");
+  EXPECT_NE(text.find(absl::StrCat(log_file, " is damaged at byte offset ", second, ":")),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(ReadAll(log_file), damaged);  // nothing was changed
+
+  // A file where the state directory should be.
+  EXPECT_EQ(run(log_file, dir + "/file.log"), 1);
+  text = ReadAll(dir + "/file.log");
+  EXPECT_NE(text.find("cannot open the journal in " + log_file), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
+// Catches the probe's finding: SIGSTOP of the coordinator for longer than the lease, then
+// SIGCONT, expired every lease before the heartbeats queued meanwhile were read; the workers
+// were "declared lost" and the job failed. Now the stall is detected and the job succeeds
+// without losing anyone.
+TEST(CoordinatorProcessTest, PauseLongerThanTheLeaseDoesNotFailTheJob) {
+  const std::string dir = TempDir("pause");
+  absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
+      testing::ProcessCluster::Start(dir, /*worker_lease=*/absl::Milliseconds(1000));
+  ASSERT_TRUE(c.ok()) << c.status();
+  // 120 windows of 2 × 8 samples, each rank taking ~20 ms per window: a few seconds of work.
+  absl::StatusOr<std::string> job =
+      (*c)->Submit(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{"samples":1920}},)"
+                   R"("workers":{"count":2}})");
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::atomic<int64_t> windows{0};
+  const auto slow = [&windows](int64_t window, int) {
+    windows = window;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return testing::SimReport{};
+  };
+  testing::SimulatedWorker w0((*c)->address(), *job, 1920, slow);
+  testing::SimulatedWorker w1((*c)->address(), *job, 1920, slow);
+  ASSERT_TRUE(w0.Register("w0").ok());
+  ASSERT_TRUE(w1.Register("w1").ok());
+  absl::Status s0, s1;
+  std::thread t0([&] { s0 = w0.Run(); });
+  std::thread t1([&] { s1 = w1.Run(); });
+  for (int i = 0; i < 1000 && windows < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(windows.load(), 10);
+  ASSERT_EQ(kill((*c)->coordinator_pid(), SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_EQ(kill((*c)->coordinator_pid(), SIGCONT), 0);
+  t0.join();
+  t1.join();
+  EXPECT_TRUE(s0.ok()) << s0 << (*c)->Logs();
+  EXPECT_TRUE(s1.ok()) << s1;
+  absl::StatusOr<v1::Job> done = (*c)->WaitForJob(*job, absl::Seconds(60));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->message();
+  EXPECT_EQ(done->progress().generation(), 1);  // nobody was lost
+  EXPECT_EQ(done->progress().windows_aborted(), 0);
+  EXPECT_NE(ReadAll(dir + "/coordinator.log").find("did not run for"), std::string::npos)
+      << (*c)->Logs();
   c->reset();
   std::filesystem::remove_all(dir);
 }

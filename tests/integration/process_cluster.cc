@@ -1,6 +1,7 @@
 #include "tests/integration/process_cluster.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -43,6 +44,43 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 
 std::string BinDir() { return TRAINSTEP_TEST_BIN_DIR; }
 
+absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::string& log,
+                              absl::Duration timeout, std::optional<uid_t> uid) {
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", log));
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError("fork failed");
+  }
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    if (uid.has_value() && (setgroups(0, nullptr) != 0 || setgid(*uid) != 0 || setuid(*uid) != 0)) {
+      _exit(126);
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  const absl::Time give_up = absl::Now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return absl::InternalError("waitpid failed");
+    if (absl::Now() > give_up) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -2;
+    }
+    Nap(absl::Milliseconds(10));
+  }
+}
+
 absl::StatusOr<pid_t> ProcessCluster::Spawn(const std::vector<std::string>& argv,
                                             const std::string& log) {
   posix_spawn_file_actions_t actions;
@@ -79,15 +117,22 @@ absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(const std:
   c->coordinator_ = *pid;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   int port = 0;
+  // {"grpc_port": 43387, "metrics_port": 40741}
+  const auto field = [](const std::string& text, const std::string& name) {
+    int value = 0;
+    const size_t at = text.find(absl::StrCat("\"", name, "\": "));
+    if (at == std::string::npos) return 0;
+    std::string digits;
+    for (size_t i = at + name.size() + 4; i < text.size() && isdigit(text[i]); ++i) {
+      digits += text[i];
+    }
+    (void)absl::SimpleAtoi(digits, &value);
+    return value;
+  };
   while (absl::Now() < give_up && port == 0) {
     const std::string text = ReadFile(ports);
-    // {"grpc_port": 43387, "metrics_port": 40741}
-    const size_t at = text.find("\"grpc_port\": ");
-    if (at != std::string::npos) {
-      std::string digits;
-      for (size_t i = at + 13; i < text.size() && isdigit(text[i]); ++i) digits += text[i];
-      (void)absl::SimpleAtoi(digits, &port);
-    }
+    port = field(text, "grpc_port");
+    c->metrics_port_ = field(text, "metrics_port");
     if (port == 0) Nap(absl::Milliseconds(20));
   }
   if (port == 0) {

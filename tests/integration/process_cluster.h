@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,12 @@ namespace trainstep::testing {
 // Where the binaries are (build/bin), set by CMake.
 std::string BinDir();
 
+// Runs `argv` to its end with stdout and stderr in `log`, as user `uid` when set (root drops
+// its privileges, so that file permissions apply). Returns the exit code, 128 + the signal
+// if a signal ended it, or -2 if it had to be killed after `timeout`.
+absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::string& log,
+                              absl::Duration timeout, std::optional<uid_t> uid = std::nullopt);
+
 class ProcessCluster {
  public:
   // Starts trainstep-coordinator with its state in `dir` (created, emptied first).
@@ -27,6 +34,8 @@ class ProcessCluster {
   ~ProcessCluster();
 
   const std::string& address() const { return address_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t coordinator_pid() const { return coordinator_; }
   const std::string& dir() const { return dir_; }
   v1::JobService::Stub* jobs() { return jobs_.get(); }
 
@@ -51,6 +60,7 @@ class ProcessCluster {
 
   std::string dir_;
   std::string address_;
+  int metrics_port_ = 0;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;
   std::vector<std::string> logs_;

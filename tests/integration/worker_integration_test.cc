@@ -1,11 +1,20 @@
 // Real processes on 127.0.0.1: the coordinator binary and two trainstep-worker processes
 // (Gloo all-reduce between them) train the built-in models and a TorchScript file.
 #include <ATen/ATen.h>
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -265,6 +274,196 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
     const double diff = at::sub(t, wb.at(name)).abs().max().item().toDouble();
     EXPECT_LE(diff, 1e-6 * std::max(1.0, t.abs().max().item().toDouble())) << name;
   }
+  if (!::testing::Test::HasFailure()) {
+    c->reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A port on 127.0.0.1 that is not a coordinator: it answers with random bytes, accepts
+// connections and says nothing, or is closed.
+class BadPort {
+ public:
+  enum class Kind { kRandomBytes, kSilent, kClosed };
+
+  explicit BadPort(Kind kind) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    if (kind == Kind::kClosed) {
+      close(fd_);
+      fd_ = -1;
+      return;
+    }
+    listen(fd_, 64);  // kSilent: the kernel completes the handshakes; nobody ever answers
+    if (kind == Kind::kRandomBytes) {
+      server_ = std::thread([this] {
+        std::mt19937 rng(3);
+        while (!stop_) {
+          pollfd p{fd_, POLLIN, 0};
+          if (poll(&p, 1, 100) <= 0) continue;
+          const int c = accept(fd_, nullptr, nullptr);
+          if (c < 0) continue;
+          std::string junk(256, '\0');
+          for (char& ch : junk) ch = static_cast<char>(rng());
+          (void)send(c, junk.data(), junk.size(), MSG_NOSIGNAL);
+          close(c);
+        }
+      });
+    }
+  }
+  ~BadPort() {
+    stop_ = true;
+    if (server_.joinable()) server_.join();
+    if (fd_ >= 0) close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+};
+
+// Catches the probe's finding: a worker pointed at a port that speaks random bytes, a silent
+// port or a closed port retried forever and logged nothing. It must log the failed attempts
+// with their reason and exit 1 after --connect-timeout with a clear error.
+TEST(WorkerProcessTest, UnreachableCoordinatorGivesUpAfterConnectTimeout) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-badport-", getpid()))
+          .string();
+  std::filesystem::create_directories(dir);
+  for (const auto& [kind, name] : std::vector<std::pair<BadPort::Kind, std::string>>{
+           {BadPort::Kind::kRandomBytes, "random-bytes"},
+           {BadPort::Kind::kSilent, "silent"},
+           {BadPort::Kind::kClosed, "closed"}}) {
+    SCOPED_TRACE(name);
+    BadPort bad(kind);
+    const std::string address = absl::StrCat("127.0.0.1:", bad.port());
+    const std::string log = absl::StrCat(dir, "/", name, ".log");
+    absl::StatusOr<int> code =
+        testing::RunToExit({testing::BinDir() + "/trainstep-worker", "--coordinator", address,
+                            "--connect-timeout", "2s", "--metrics-listen", "", "--name", name},
+                           log, absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 1) << ReadAll(log);
+    const std::string text = ReadAll(log);
+    EXPECT_NE(text.find(absl::StrCat("cannot reach the coordinator at ", address, " yet (")),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find(absl::StrCat("cannot register with the coordinator at ", address,
+                                     ": no answer from the coordinator within 2s "
+                                     "(--connect-timeout); last error: ")),
+              std::string::npos)
+        << text;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The job of the two tests below: an mlp that runs for a while on two real workers.
+std::string LongMlpSpec(int64_t max_updates) {
+  return absl::StrCat(
+      R"({"seed":4,"model":{"mlp":{"hidden":16}},)",
+      R"("data":{"synthetic_regression":{"samples":64,"in_features":4}},)",
+      R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+      R"("optimizer":{"sgd":{"lr":0.01}},"stop":{"max_updates":)", max_updates, "}}");
+}
+
+// Polls the job (bounded) until `done` holds; returns the last state seen.
+v1::Job WaitUntil(ProcessCluster& cluster, const std::string& job_id,
+                  const std::function<bool(const v1::Job&)>& done) {
+  v1::Job job;
+  for (int i = 0; i < 6000; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    if (cluster.jobs()->GetJob(&ctx, req, &job).ok() && done(job)) return job;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return job;
+}
+
+// Catches the probe's finding with real workers: a coordinator paused (SIGSTOP) for three
+// leases declared every worker lost on SIGCONT and the job FAILED. Now it succeeds, with no
+// worker lost and no window aborted.
+TEST(WorkerProcessTest, CoordinatorPauseLongerThanTheLeaseDoesNotFailTheJob) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-cpause-", getpid()))
+          .string();
+  absl::StatusOr<std::unique_ptr<ProcessCluster>> c =
+      ProcessCluster::Start(dir, /*worker_lease=*/absl::Milliseconds(1000));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ProcessCluster& cluster = **c;
+  absl::StatusOr<std::string> job = cluster.Submit(LongMlpSpec(1500));
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster.StartWorker(*job).ok());
+  const v1::Job running = WaitUntil(
+      cluster, *job, [](const v1::Job& j) { return j.progress().optimizer_update_id() >= 20; });
+  ASSERT_GE(running.progress().optimizer_update_id(), 20) << cluster.Logs();
+  ASSERT_EQ(running.state(), v1::RUNNING) << "the job ended before the pause";
+  ASSERT_EQ(kill(cluster.coordinator_pid(), SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_EQ(kill(cluster.coordinator_pid(), SIGCONT), 0);
+  absl::StatusOr<v1::Job> done = cluster.WaitForJob(*job, absl::Seconds(300));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->message() << cluster.Logs();
+  EXPECT_EQ(done->progress().generation(), 1) << cluster.Logs();
+  EXPECT_EQ(done->progress().windows_aborted(), 0);
+  for (int code : cluster.WaitForWorkers(absl::Seconds(60))) EXPECT_EQ(code, 0) << cluster.Logs();
+  if (!::testing::Test::HasFailure()) {
+    c->reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// Catches the other half of the probe's finding: a worker declared lost (here: stopped for
+// three leases) exited and failed the job. It registers again under a new identity, rejoins
+// as a standby, takes the survivor's state and the job goes on.
+TEST(WorkerProcessTest, WorkerDeclaredLostRegistersAgainAndRejoins) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-wlost-", getpid()))
+          .string();
+  absl::StatusOr<std::unique_ptr<ProcessCluster>> c =
+      ProcessCluster::Start(dir, /*worker_lease=*/absl::Milliseconds(1000));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ProcessCluster& cluster = **c;
+  absl::StatusOr<std::string> job = cluster.Submit(LongMlpSpec(400));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<pid_t> w = cluster.StartWorker(*job, {"--collective-timeout-ms", "30000"});
+    ASSERT_TRUE(w.ok()) << w.status();
+    workers.push_back(*w);
+  }
+  const v1::Job before = WaitUntil(
+      cluster, *job, [](const v1::Job& j) { return j.progress().optimizer_update_id() >= 20; });
+  ASSERT_GE(before.progress().optimizer_update_id(), 20) << cluster.Logs();
+  ASSERT_EQ(before.state(), v1::RUNNING) << "the job ended before the pause";
+  ASSERT_EQ(kill(workers[0], SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_EQ(kill(workers[0], SIGCONT), 0);
+  absl::StatusOr<v1::Job> done = cluster.WaitForJob(*job, absl::Seconds(300));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->message() << cluster.Logs();
+  EXPECT_GE(done->progress().generation(), 2) << cluster.Logs();  // it was lost, then rejoined
+  const std::string log = ReadAll(dir + "/worker-0.log");
+  EXPECT_NE(log.find("was declared lost"), std::string::npos) << log;
+  EXPECT_NE(log.find("registered again as"), std::string::npos) << log;
+  for (int code : cluster.WaitForWorkers(absl::Seconds(60))) EXPECT_EQ(code, 0) << cluster.Logs();
   if (!::testing::Test::HasFailure()) {
     c->reset();
     std::filesystem::remove_all(dir);

@@ -3,6 +3,7 @@
 // CONVENTIONS.md lists exist, with label training_job and no per-rank or per-window labels,
 // and the counters agree with the per-update log.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -210,6 +211,43 @@ TEST_F(MetricsExpositionTest, IdleCoordinatorPassesPromtool) {
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(PromtoolProblems(promtool_, *text), "") << *text;
   EXPECT_TRUE(absl::StrContains(*text, "trainstep_build_info{")) << *text;
+}
+
+// Catches the probe's finding on a running system: two idle connections to the coordinator's
+// metrics port made every scrape wait for civetweb's 30 s timeout. With eight idle clients on
+// each endpoint (the coordinator process and a worker's), scrapes still answer; the 15 s bound
+// only keeps a starved endpoint from hanging the test. Needs no promtool.
+TEST(MetricsEndpointTest, ScrapesAnswerWhileIdleClientsHoldConnections) {
+  const std::string dir = TestDir();
+  ObservedJobOptions options;
+  options.pause_at_window = 3;
+  absl::StatusOr<std::unique_ptr<ObservedJob>> started = ObservedJob::Start(dir, options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ObservedJob& job = **started;
+  ASSERT_TRUE(job.SubmitAndRun().ok());
+  ASSERT_TRUE(job.WaitUntilPaused(absl::Seconds(60))) << job.Logs();
+  std::vector<int> ports = {job.coordinator_metrics_port()};
+  for (int port : job.worker_metrics_ports()) ports.push_back(port);
+  ASSERT_EQ(ports.size(), 3u);
+  std::vector<int> idle;
+  for (int port : ports) {
+    for (int i = 0; i < 8; ++i) {
+      absl::StatusOr<int> fd = ConnectLoopback(port);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      idle.push_back(*fd);
+    }
+  }
+  for (int port : ports) {
+    absl::StatusOr<std::string> text = HttpGet(port, "/metrics", absl::Seconds(15));
+    ASSERT_TRUE(text.ok()) << "port " << port << ": " << text.status();
+    EXPECT_TRUE(absl::StrContains(*text, "trainstep_build_info{")) << *text;
+  }
+  for (int fd : idle) close(fd);
+  job.Resume();
+  absl::StatusOr<v1::Job> ended = job.WaitForEnd(absl::Seconds(60));
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  started->reset();
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 #ifdef TRAINSTEP_HAVE_WORKER

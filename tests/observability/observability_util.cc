@@ -20,6 +20,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -92,7 +93,7 @@ bool ParseSampleValue(absl::string_view s, double* out) {
 std::string SourceDir() { return TRAINSTEP_TEST_SOURCE_DIR; }
 std::string BinDir() { return TRAINSTEP_TEST_BIN_DIR; }
 
-absl::StatusOr<std::string> HttpGet(int port, const std::string& target, absl::Duration timeout) {
+absl::StatusOr<int> ConnectLoopback(int port, absl::Duration timeout) {
   Fd s{socket(AF_INET, SOCK_STREAM, 0)};
   if (s.fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   timeval tv{};
@@ -108,6 +109,13 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& target, absl::D
     return absl::UnavailableError(
         absl::StrCat("connect 127.0.0.1:", port, ": ", std::strerror(errno)));
   }
+  return std::exchange(s.fd, -1);
+}
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& target, absl::Duration timeout) {
+  absl::StatusOr<int> connected = ConnectLoopback(port, timeout);
+  if (!connected.ok()) return connected.status();
+  Fd s{*connected};
   const std::string request = absl::StrCat("GET ", target, " HTTP/1.0\r\nHost: 127.0.0.1:", port,
                                            "\r\nAccept: */*\r\nConnection: close\r\n\r\n");
   for (size_t sent = 0; sent < request.size();) {

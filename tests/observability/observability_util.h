@@ -25,6 +25,10 @@ namespace trainstep::obs {
 std::string SourceDir();
 std::string BinDir();
 
+// A TCP connection to 127.0.0.1:port whose sends and receives give up after `timeout`; the
+// caller closes the descriptor.
+absl::StatusOr<int> ConnectLoopback(int port, absl::Duration timeout = absl::Seconds(5));
+
 // GET http://127.0.0.1:port<target> (HTTP/1.0, so no keep-alive). Non-2xx is an error
 // carrying the body. Chunked responses are decoded.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& target,

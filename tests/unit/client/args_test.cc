@@ -88,6 +88,9 @@ TEST(ArgsTest, Timeouts) {
   EXPECT_EQ(MustRun({"job", "list", "--timeout", "500ms"}).timeout, absl::Milliseconds(500));
   EXPECT_EQ(MustRun({"job", "list", "--timeout", "10s"}).timeout, absl::Seconds(10));
   EXPECT_EQ(MustRun({"job", "list", "--timeout", "2m"}).timeout, absl::Minutes(2));
+  // job watch waits without a limit unless --timeout is on the line (the default is not one).
+  EXPECT_FALSE(MustRun({"job", "watch", "j"}).timeout_given);
+  EXPECT_TRUE(MustRun({"job", "watch", "j", "--timeout", "10s"}).timeout_given);
   for (const char* bad : {"abc", "10", "0s", "-1s", "inf"}) {
     const ParsedArgs p = Parse({"job", "list", "--timeout", bad});
     EXPECT_EQ(p.kind, Kind::kUsageError) << bad;

@@ -137,12 +137,12 @@ class CliE2eTest : public ::testing::Test {
     return path;
   }
 
-  std::vector<std::unique_ptr<SimulatedWorker>> Workers(const std::string& job, int count,
-                                                        int64_t samples) {
+  std::vector<std::unique_ptr<SimulatedWorker>> Workers(
+      const std::string& job, int count, int64_t samples,
+      testing::ReportFn report = [](int64_t, int) { return SimReport{}; }) {
     std::vector<std::unique_ptr<SimulatedWorker>> workers;
     for (int i = 0; i < count; ++i) {
-      workers.push_back(std::make_unique<SimulatedWorker>(
-          address_, job, samples, [](int64_t, int) { return SimReport{}; }));
+      workers.push_back(std::make_unique<SimulatedWorker>(address_, job, samples, report));
       const absl::Status s = workers.back()->Register(absl::StrCat("sim-", i));
       EXPECT_TRUE(s.ok()) << s;
     }
@@ -216,6 +216,79 @@ TEST_F(CliE2eTest, DoubleSubmitWithinAMinuteReturnsTheSameJob) {
   // The same file twice through the real command line, with an explicit request id.
   EXPECT_EQ(Cli({"job", "submit", spec, "--request-id", "r-7"}).out, "job-3\n");
   EXPECT_EQ(Cli({"job", "submit", "--request-id=r-7", spec}).out, "job-3\n");
+}
+
+// Catches the probe's finding: a request id reused with a different spec silently returned
+// the first job. It must be refused (ALREADY_EXISTS → exit 2, "invalid input") naming the id,
+// also after a coordinator restart; the same spec under the same id still returns the job.
+TEST_F(CliE2eTest, ReusedRequestIdWithAnotherSpecExits2) {
+  const std::string first = WriteFile("first.json", Spec(2, 10));
+  const std::string other = WriteFile("other.json", Spec(2, 20));
+  ASSERT_EQ(Cli({"job", "submit", first, "--request-id", "r-1"}).out, "job-1\n");
+  for (int restart = 0; restart < 2; ++restart) {
+    SCOPED_TRACE(restart == 0 ? "before a restart" : "after a restart");
+    CliResult r = Cli({"job", "submit", other, "--request-id", "r-1"});
+    EXPECT_EQ(r.rc, kExitUsage) << r.err;
+    EXPECT_NE(r.err.find("request_id \"r-1\" was already used for job-1 with a different spec"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(Cli({"job", "submit", first, "--request-id", "r-1"}).out, "job-1\n");
+    RestartCoordinator();
+  }
+  EXPECT_EQ(Cli({"job", "get", "job-2"}).rc, kExitNotFound);  // no second job
+}
+
+// Catches the probe's finding: a spec over the coordinator's message limit exited 1 with
+// gRPC's text; it is invalid input (exit 2), refused before sending, with the size and the
+// limit. A server-side refusal for size maps to exit 2 too.
+TEST_F(CliE2eTest, SpecLargerThanTheMessageLimitExits2WithSizeAndLimit) {
+  const std::string base = Spec(2, 10);
+  const std::string big =
+      base.substr(0, base.size() - 1) + R"(,"name":")" + std::string(5 << 20, 'x') + "\"}";
+  CliResult r = Cli({"job", "submit", WriteFile("big.json", big)});
+  EXPECT_EQ(r.rc, kExitUsage);
+  EXPECT_NE(r.err.find(absl::StrCat("is ", big.size(), " bytes")), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at most 4194304 bytes (4.0 MiB)"), std::string::npos) << r.err;
+  EXPECT_EQ(Cli({"job", "list", "-o", "json"}).out, "[]\n");
+
+  std::ostringstream out, err;
+  CommandContext ctx;
+  ctx.coordinator = address_;
+  ctx.out = &out;
+  ctx.err = &err;
+  EXPECT_EQ(ReportRpcError(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                             "Received message larger than max (5243000 vs. "
+                                             "4194304)")),
+            kExitUsage);
+  EXPECT_NE(err.str().find("5243000 vs. 4194304"), std::string::npos) << err.str();
+  EXPECT_EQ(ReportRpcError(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "quota")),
+            kExitError);
+}
+
+// Catches the probe's finding: `job watch ID --timeout 2s` on a PENDING job sat for over 10
+// minutes. --timeout bounds the time without progress (exit 7, saying where the job stands);
+// a job that keeps making progress is followed past it to the end.
+TEST_F(CliE2eTest, WatchTimeoutIsTheTimeWithoutProgress) {
+  ASSERT_EQ(Cli({"job", "submit", WriteFile("spec.json", Spec(2, 10))}).out, "job-1\n");
+  std::future<CliResult> watch = CliAsync({"job", "watch", "job-1", "--timeout", "300ms"});
+  const CliResult r = Await(watch, "job-1");
+  EXPECT_EQ(r.rc, kExitNoProgress) << r.err;
+  EXPECT_NE(r.err.find("job-1 made no progress for 300ms (--timeout): it is PENDING, 0/2 workers"),
+            std::string::npos)
+      << r.err;
+
+  // Windows that each take longer than nothing but far less than the timeout: the watch
+  // outlives several timeouts' worth of time and ends with the job.
+  ASSERT_EQ(Cli({"job", "submit", WriteFile("slow.json", Spec(1, 30))}).out, "job-2\n");
+  std::future<CliResult> follow = CliAsync({"job", "watch", "job-2", "--timeout", "2s"});
+  auto workers = Workers("job-2", 1, 30, [](int64_t, int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return SimReport{};
+  });
+  RunAll(workers);
+  const CliResult done = Await(follow, "job-2");
+  EXPECT_EQ(done.rc, kExitOk) << done.err;
 }
 
 // Catches: the client rewriting or pre-parsing the spec and losing the coordinator's

@@ -413,6 +413,37 @@ TEST_F(CoordinatorTest, TickExpiresLeasesAndAnswersWaiters) {
   EXPECT_EQ(j->progress().windows_aborted(), 1);
 }
 
+// Catches the probe's coordinator pause through the Coordinator and its driver: a Tick long
+// after the previous one (the process was stopped; heartbeats queued unread) expired every
+// lease. It must restart the leases instead, keep asking to be ticked often, and still expire
+// a worker that stays silent for a whole lease afterwards.
+TEST_F(CoordinatorTest, StalledTickRenewsLeasesInsteadOfExpiring) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  coordinator_->Tick();
+  Call<v1::BeginWindowResponse> waiting;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5), waiting.done(),
+                            std::make_shared<CallHandle>());
+  clock_.Advance(absl::Seconds(30));  // stopped for three leases
+  absl::Time next = coordinator_->Tick();
+  EXPECT_LE(next, clock_.Now() + absl::Milliseconds(2500));  // a quarter lease at most
+  EXPECT_FALSE(waiting.answered());
+  absl::StatusOr<v1::Job> j = GetJob(job);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->progress().windows_aborted(), 0);
+  for (const std::string& w : ranks) EXPECT_TRUE(Heartbeat(job, w).ok());  // they were queued
+
+  // Ticking on time from here: rank 1 falls silent and is lost one lease later.
+  for (int i = 0; i < 6 && !waiting.answered(); ++i) {
+    clock_.Advance(absl::Milliseconds(2400));
+    ASSERT_TRUE(Heartbeat(job, ranks[0]).ok());
+    next = coordinator_->Tick();
+  }
+  absl::StatusOr<v1::BeginWindowResponse> r = waiting.Get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->decision().reason(), "WORKER_LOST");
+}
+
 // Catches the crash a probe found: Open failing after the Coordinator object exists ran
 // ~Coordinator → Shutdown on a journal that was never created (a segfault instead of the
 // error naming the file and offset).

@@ -819,6 +819,12 @@ TEST(StepMachineTest, CompleteWithoutBeginCountsUnitsAfterARestart) {
   auto c = sim.Complete(0, 2, RankReport{30, 30, false, 1.0, 2, 1});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->ready);
+  // Re-sent while it waits (the client's barrier poll), before anyone else reported: still
+  // the same accepted report, not "CompleteWindow before the begin barrier" (a stuck job seen
+  // in CliE2eTest.WatchSurvivesACoordinatorRestart).
+  c = sim.Complete(0, 2, RankReport{30, 30, false, 1.0, 2, 1});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->ready);
   // Rank 1's answer was lost with the old coordinator: it begins again, then completes.
   auto b = sim.Begin(1, 2, 10);
   ASSERT_TRUE(b.ok()) << b.status();
