@@ -430,7 +430,11 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir
           absl::StrFormat("dropped torn record at %s offset %d (%d bytes): %s", log_path,
                           scan.intact_bytes, tail.size(), scan.tail_problem);
       if (!AllZero(tail)) {
-        const std::string aside = absl::StrCat(log_path, ".torn-", scan.intact_bytes);
+        // A tail kept from an earlier crash at the same offset is not overwritten.
+        std::string aside = absl::StrCat(log_path, ".torn-", scan.intact_bytes);
+        for (int n = 1; env->FileExists(aside); ++n) {
+          aside = absl::StrCat(log_path, ".torn-", scan.intact_bytes, ".", n);
+        }
         RETURN_IF_ERROR(KeepAside(env, dir, aside, tail));
         absl::StrAppend(&warning, "; its bytes are kept in ", aside);
       }

@@ -347,6 +347,22 @@ TEST_F(JournalTest, TornTailIsDroppedWithWarningKeptAsideAndTruncated) {
   }
 }
 
+// Catches a second torn tail at the same offset (crash, recovery, crash again) overwriting
+// the bytes kept from the first.
+TEST_F(JournalTest, TornTailsAtTheSameOffsetAreAllKept) {
+  const std::string intact = LogFile({"a"});
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
+  const std::string aside = absl::StrCat(LogPath(1), ".torn-", intact.size());
+  for (const std::string& tail : {Frame("first").substr(0, 9), Frame("second").substr(0, 10)}) {
+    journal_.reset();
+    env_.fs().SetContents(LogPath(1), intact + tail);
+    EXPECT_THAT(Reopen().records, ElementsAre("a"));
+  }
+  EXPECT_EQ(*env_.fs().Contents(aside), Frame("first").substr(0, 9));
+  EXPECT_EQ(*env_.fs().Contents(aside + ".1"), Frame("second").substr(0, 10));
+}
+
 // Each case is damage a crash cannot produce (it only cuts an append short or leaves zeros),
 // so Open must refuse, name the file and the offset, and change nothing. Catches the bugs a
 // probe found in format 1: one flipped length byte emptied the log (the length "ran past
