@@ -147,6 +147,15 @@ absl::StatusOr<ScanResult> Damaged(ScanResult result, const std::string& path, s
   return result;
 }
 
+// The torn tails both formats share at `off`: nothing but zeros up to EOF, or a record header
+// that EOF cuts short. nullopt when neither.
+std::optional<std::string> CutShort(std::string_view data, size_t off, size_t header_size) {
+  if (AllZero(data.substr(off))) return "only zero bytes from the record start to end of file";
+  const size_t left = data.size() - off;
+  if (left >= header_size) return std::nullopt;
+  return absl::StrFormat("incomplete record header (%d of %d bytes)", left, header_size);
+}
+
 // Format 2 records from `start` on. Under the crash model of Journal::Open, see the cases.
 absl::StatusOr<ScanResult> ScanRecords(std::string_view data, size_t start, const std::string& path,
                                        bool tail_may_be_torn) {
@@ -154,16 +163,8 @@ absl::StatusOr<ScanResult> ScanRecords(std::string_view data, size_t start, cons
   size_t off = start;
   while (off < data.size()) {
     const size_t left = data.size() - off;
-    if (AllZero(data.substr(off))) {
-      return Damaged(std::move(result), path, off,
-                     "only zero bytes from the record start to end of file", true,
-                     tail_may_be_torn);
-    }
-    if (left < kRecordHeaderSize) {
-      return Damaged(
-          std::move(result), path, off,
-          absl::StrFormat("incomplete record header (%d of %d bytes)", left, kRecordHeaderSize),
-          true, tail_may_be_torn);
+    if (std::optional<std::string> torn = CutShort(data, off, kRecordHeaderSize)) {
+      return Damaged(std::move(result), path, off, *torn, true, tail_may_be_torn);
     }
     const uint32_t length = GetFixed32(data.data() + off);
     const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
@@ -238,16 +239,8 @@ absl::StatusOr<ScanResult> ScanLegacyRecords(std::string_view data, const std::s
   size_t off = 0;
   while (off < data.size()) {
     const size_t left = data.size() - off;
-    if (AllZero(data.substr(off))) {
-      return Damaged(std::move(result), path, off,
-                     "only zero bytes from the record start to end of file", true,
-                     tail_may_be_torn);
-    }
-    if (left < kLegacyHeaderSize) {
-      return Damaged(
-          std::move(result), path, off,
-          absl::StrFormat("incomplete record header (%d of %d bytes)", left, kLegacyHeaderSize),
-          true, tail_may_be_torn);
+    if (std::optional<std::string> torn = CutShort(data, off, kLegacyHeaderSize)) {
+      return Damaged(std::move(result), path, off, *torn, true, tail_may_be_torn);
     }
     const uint32_t length = GetFixed32(data.data() + off);
     const uint32_t crc = UnmaskCrc(GetFixed32(data.data() + off + 4));
