@@ -1,10 +1,34 @@
 #include "worker/amp.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <cmath>
 
 namespace trainstep {
+namespace {
+
+// The only calls into LibTorch's autocast switches. 2.4 replaced the per-device functions
+// (set_enabled / set_cpu_enabled, set_autocast_gpu_dtype / _cpu_dtype) by ones taking the
+// device type; the old names are deprecated there.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+void SetAutocast(at::DeviceType type, bool on, at::ScalarType dtype) {
+  if (on) at::autocast::set_autocast_dtype(type, dtype);
+  at::autocast::set_autocast_enabled(type, on);
+}
+#else
+void SetAutocast(at::DeviceType type, bool on, at::ScalarType dtype) {
+  if (type == at::kCUDA) {
+    if (on) at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(on);
+  } else {
+    if (on) at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(on);
+  }
+}
+#endif
+
+}  // namespace
 
 absl::Status CheckPrecision(v1::JobSpec::Precision precision, const at::Device& device) {
   if (precision == v1::JobSpec::fp16 && !device.is_cuda()) {
@@ -18,34 +42,36 @@ absl::Status CheckPrecision(v1::JobSpec::Precision precision, const at::Device& 
 AutocastScope::AutocastScope(v1::JobSpec::Precision precision, const at::Device& device) {
   if (precision == v1::JobSpec::fp32) return;
   const at::ScalarType dtype = precision == v1::JobSpec::bf16 ? at::kBFloat16 : at::kHalf;
-  if (device.is_cuda()) {
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
-    cuda_ = true;
-  } else {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(true);
-    cpu_ = true;
-  }
+  type_ = device.is_cuda() ? at::kCUDA : at::kCPU;
+  SetAutocast(type_, true, dtype);
+  active_ = true;
   at::autocast::increment_nesting();
 }
 
 AutocastScope::~AutocastScope() {
-  if (!cpu_ && !cuda_) return;
+  if (!active_) return;
   // Leaving the outermost scope frees the casted-weight cache, as torch.autocast does.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cpu_) at::autocast::set_cpu_enabled(false);
-  if (cuda_) at::autocast::set_enabled(false);
+  SetAutocast(type_, false, at::kFloat);
 }
 
 bool UnscaleAndCheck(std::vector<at::Tensor>& tensors, double inv_scale) {
   if (tensors.empty()) return false;
-  if (tensors[0].is_cuda()) {
-    at::Tensor found_inf = at::zeros({1}, tensors[0].options().dtype(at::kFloat));
-    at::Tensor inv = at::full({1}, inv_scale, tensors[0].options().dtype(at::kFloat));
-    at::_amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv);
-    return found_inf.item<float>() != 0.0f;
-  }
+  return tensors[0].is_cuda() ? internal::UnscaleAndCheckAten(tensors, inv_scale)
+                              : internal::UnscaleAndCheckOwn(tensors, inv_scale);
+}
+
+namespace internal {
+
+bool UnscaleAndCheckAten(std::vector<at::Tensor>& tensors, double inv_scale) {
+  if (tensors.empty()) return false;
+  at::Tensor found_inf = at::zeros({1}, tensors[0].options().dtype(at::kFloat));
+  at::Tensor inv = at::full({1}, inv_scale, tensors[0].options().dtype(at::kFloat));
+  at::_amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv);
+  return found_inf.item<float>() != 0.0f;  // the window's one device-to-host sync
+}
+
+bool UnscaleAndCheckOwn(std::vector<at::Tensor>& tensors, double inv_scale) {
   bool found_inf = false;
   for (at::Tensor& t : tensors) {
     if (inv_scale != 1.0) t.mul_(inv_scale);
@@ -54,13 +80,15 @@ bool UnscaleAndCheck(std::vector<at::Tensor>& tensors, double inv_scale) {
   return found_inf;
 }
 
+}  // namespace internal
+
 double GlobalNorm(const std::vector<at::Tensor>& tensors) {
-  double sum_squares = 0.0;
-  for (const at::Tensor& t : tensors) {
-    const double n = t.to(at::kFloat).norm(2).item<double>();
-    sum_squares += n * n;
-  }
-  return std::sqrt(sum_squares);
+  if (tensors.empty()) return 0.0;
+  // Per-tensor norms stay on the device; one transfer brings the total back.
+  std::vector<at::Tensor> norms;
+  norms.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) norms.push_back(t.to(at::kFloat).norm(2).to(at::kDouble));
+  return at::stack(norms).square().sum().sqrt().item<double>();
 }
 
 }  // namespace trainstep

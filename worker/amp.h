@@ -26,14 +26,21 @@ class AutocastScope {
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  bool cpu_ = false;
-  bool cuda_ = false;
+  bool active_ = false;
+  at::DeviceType type_ = at::kCPU;
 };
 
 // tensors ×= inv_scale in place; returns true if any value is not finite. The CPU path is
 // our own (Debian's LibTorch 1.13 has the ATen op for CUDA only); CUDA uses
 // _amp_foreach_non_finite_check_and_unscale_.
 bool UnscaleAndCheck(std::vector<at::Tensor>& tensors, double inv_scale);
+
+namespace internal {
+// The two implementations UnscaleAndCheck chooses between, exposed so tests can hold them
+// to the same results. The ATen op needs all tensors on one device, float types.
+bool UnscaleAndCheckAten(std::vector<at::Tensor>& tensors, double inv_scale);
+bool UnscaleAndCheckOwn(std::vector<at::Tensor>& tensors, double inv_scale);
+}  // namespace internal
 
 // Global L2 norm: each tensor's norm in fp32 (as clip_grad_norm_), combined in double.
 double GlobalNorm(const std::vector<at::Tensor>& tensors);

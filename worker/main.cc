@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "worker/device.h"
 #include "worker/generate.h"
 #include "worker/malloc_config.h"
 #include "worker/metrics.h"
@@ -28,7 +29,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, collective_host, "",
           "address peers reach this worker's collective at (default: 127.0.0.1 when the "
           "coordinator is on loopback, else this host's name)");
-ABSL_FLAG(std::string, device, "cpu", "cpu | cuda (cuda needs a CUDA build and a GPU)");
+ABSL_FLAG(std::string, device, "auto",
+          "auto | cpu | cuda | cuda:N. auto: cuda:$LOCAL_RANK (or cuda:0) when built with CUDA "
+          "and a GPU is visible, else cpu; cuda: cuda:$LOCAL_RANK or cuda:0. N counts the "
+          "devices CUDA_VISIBLE_DEVICES leaves visible");
 ABSL_FLAG(int64_t, collective_timeout_ms, 120000,
           "rendezvous and all-reduce timeout; a dead peer is noticed within this");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
@@ -105,18 +109,14 @@ int Main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     options.collective.host = loopback ? "127.0.0.1" : host;
   }
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "cuda") {
-#ifdef TRAINSTEP_WITH_CUDA
-    options.collective.device = at::Device(at::kCUDA, 0);
-#else
-    LogError("--device cuda: this worker was built without CUDA (TRAINSTEP_WITH_CUDA); use cpu");
-    return 2;
-#endif
-  } else if (device != "cpu") {
-    LogError(absl::StrCat("--device must be cpu or cuda, got \"", device, "\""));
+  absl::StatusOr<at::Device> device =
+      ChooseDevice(absl::GetFlag(FLAGS_device), DeviceEnvFromProcess());
+  if (!device.ok()) {
+    LogError(std::string(device.status().message()));
     return 2;
   }
+  options.collective.device = *device;
+  LogInfo(absl::StrCat("device ", device->str()));
 
   std::unique_ptr<WorkerMetrics> metrics;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

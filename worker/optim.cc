@@ -2,6 +2,9 @@
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/version.h>
+
+#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -9,7 +12,17 @@
 namespace trainstep {
 namespace {
 
+// LibTorch keys an optimizer's per-parameter state by the parameter's TensorImpl: its address
+// as a string in 1.13, the pointer itself in 2.x (c10::guts::to_string is gone there).
+#if TORCH_VERSION_MAJOR >= 2
+void* StateKey(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
 std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+#endif
+using StateMap =
+    std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+static_assert(std::is_same_v<StateMap::key_type, decltype(StateKey(std::declval<at::Tensor>()))>,
+              "this LibTorch keys optimizer state differently: adapt StateKey");
 
 }  // namespace
 
@@ -118,7 +131,7 @@ void Optim::ZeroGrad() {
   }
 }
 
-TensorMap Optim::CaptureState() const {
+TensorMap Optim::StateTensors() const {
   TensorMap out;
   const auto& state = optimizer_->state();
   for (const TrainableParam& p : trainable_) {
@@ -126,16 +139,22 @@ TensorMap Optim::CaptureState() const {
     if (it == state.end()) continue;
     if (adamw_) {
       const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-      out[p.name + ".exp_avg"] = s.exp_avg().detach().cpu().clone();
-      out[p.name + ".exp_avg_sq"] = s.exp_avg_sq().detach().cpu().clone();
+      out[p.name + ".exp_avg"] = s.exp_avg().detach();
+      out[p.name + ".exp_avg_sq"] = s.exp_avg_sq().detach();
       out[p.name + ".step"] = at::scalar_tensor(s.step(), at::kLong);
     } else {
       const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
       if (s.momentum_buffer().defined()) {
-        out[p.name + ".momentum_buffer"] = s.momentum_buffer().detach().cpu().clone();
+        out[p.name + ".momentum_buffer"] = s.momentum_buffer().detach();
       }
     }
   }
+  return out;
+}
+
+TensorMap Optim::CaptureState() const {
+  TensorMap out = StateTensors();
+  for (auto& [name, t] : out) t = t.cpu().clone();
   return out;
 }
 

@@ -51,6 +51,8 @@ class Optim {
   // "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step" (AdamW) or
   // "<param>.momentum_buffer" (SGD), for parameters that have state.
   TensorMap CaptureState() const;
+  // The same names, but the live tensors where they are (the device): change with Step().
+  TensorMap StateTensors() const;
   absl::Status RestoreState(const TensorMap& state);
 
  private:

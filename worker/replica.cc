@@ -111,10 +111,16 @@ void Replica::Commit(double clip_coef, double base_lr) {
 
 void Replica::ZeroGrad() { optim_->ZeroGrad(); }
 
-TensorMap Replica::ModelState() {
+TensorMap Replica::ModelTensors() {
   TensorMap out;
-  for (const auto& [name, t] : model_->NamedParameters()) out[name] = t.detach().cpu().clone();
-  for (const auto& [name, t] : model_->NamedBuffers()) out[name] = t.detach().cpu().clone();
+  for (const auto& [name, t] : model_->NamedParameters()) out[name] = t.detach();
+  for (const auto& [name, t] : model_->NamedBuffers()) out[name] = t.detach();
+  return out;
+}
+
+TensorMap Replica::ModelState() {
+  TensorMap out = ModelTensors();
+  for (auto& [name, t] : out) t = t.cpu().clone();
   return out;
 }
 

@@ -57,6 +57,9 @@ class Replica {
   // Model tensors (parameters and buffers, float32 on CPU) and optimizer state by name.
   TensorMap ModelState();
   TensorMap OptimizerState() const { return optim_->CaptureState(); }
+  // The same names, but the live tensors on the device (for an asynchronous host copy).
+  TensorMap ModelTensors();
+  TensorMap OptimizerTensors() const { return optim_->StateTensors(); }
   absl::Status Restore(const TensorMap& model, const TensorMap& optimizer);
   // Both maps as one safetensors blob ("model/…", "optim/…") for a broadcast.
   absl::StatusOr<std::string> SerializeState();

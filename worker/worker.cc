@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/data/collate.h"
+#include "worker/device.h"
 #include "worker/generate.h"
 #include "worker/loss.h"
 #include "worker/torch_status.h"
@@ -126,6 +127,12 @@ absl::Status Worker::Setup() {
   RETURN_IF_ERROR(Register());
   if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
   device_ = options_.collective.device;
+  UseDeviceInThisThread(device_);
+  checkpoints_ = std::make_unique<CheckpointWriter>(
+      spec_.checkpoint().dir(), spec_.checkpoint().keep_last(),
+      [this](const ckpt::CheckpointMeta& meta, const std::string& path) {
+        return AckCheckpoint(meta, path);
+      });
 
   // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
   heartbeats_ = std::thread([this] { HeartbeatLoop(); });
@@ -299,18 +306,22 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
   meta.spec_hash = JobSpecHash(spec_);
   meta.next_window_id = window_id + 1;
   meta.written_unix_ms = absl::ToUnixMillis(absl::Now());
-  ASSIGN_OR_RETURN(
-      std::string path,
-      ckpt::WriteCheckpoint(spec_.checkpoint().dir(), meta, replica_->ModelState(),
-                            replica_->OptimizerState(), spec_.checkpoint().keep_last()));
+  // Copied off the device now, written and acknowledged in the background (checkpoint_writer.h).
+  return checkpoints_->Submit(meta, replica_->ModelTensors(), replica_->OptimizerTensors());
+}
+
+absl::Status Worker::AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path) {
   v1::AckCheckpointRequest ack;
   ack.set_job_id(job_id_);
+  // Read on the writer's thread: member_id_ changes only with a new assignment, and the
+  // checkpoint in flight is flushed before the worker waits for one.
   ack.set_worker_id(member_id_);
-  ack.set_checkpoint_id(checkpoint_id);
-  ack.set_optimizer_update_id(update_id);
+  ack.set_checkpoint_id(meta.checkpoint_id);
+  ack.set_optimizer_update_id(meta.optimizer_update_id);
   ack.set_path(path);
   RETURN_IF_ERROR(client_->AckCheckpoint(ack));
-  LogInfo(absl::StrCat("checkpoint ", checkpoint_id, " (update ", update_id, ") at ", path));
+  LogInfo(absl::StrCat("checkpoint ", meta.checkpoint_id, " (update ", meta.optimizer_update_id,
+                       ") at ", path));
   return absl::OkStatus();
 }
 
@@ -385,6 +396,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   const v1::WindowDecision& d = c->decision();
   const absl::Time optimizer_start = absl::Now();
   if (d.outcome() == v1::COMMIT) {
+    checkpoints_->BeforeParametersChange();  // a checkpoint still being copied sees no change
     replica_->Commit(d.clip_coef(), d.learning_rate());
   } else {
     replica_->ZeroGrad();
@@ -497,6 +509,15 @@ WorkerExit Worker::RunOrThrow() {
       return {1, std::string(s.message())};
     }
     absl::StatusOr<GenerationEnd> end = RunGeneration(*a);
+    // Whatever ended the generation, the checkpoint in flight is finished first: the next
+    // generation may restore the parameters in place, and a failed write fails the job.
+    if (absl::Status written = checkpoints_->Flush(); !written.ok()) {
+      if (end.ok()) {
+        end = written;
+      } else {
+        LogError(absl::StrCat("checkpoint: ", written.message()));
+      }
+    }
     if (!end.ok()) {
       if (job_over_) break;
       Fail(end.status());

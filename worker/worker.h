@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/worker_client.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/collective/collective.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
@@ -66,6 +67,7 @@ class Worker {
   absl::StatusOr<v1::WindowDecision> RunWindow(const v1::Assignment& a, int64_t window_id);
   absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                int64_t scheduler_step, double loss_scale);
+  absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
   absl::Status AwaitJobEnd();
   void HeartbeatLoop();
   // Waits (barriers, the collective's rendezvous) give up once the coordinator's heartbeat
@@ -89,6 +91,7 @@ class Worker {
   std::unique_ptr<data::WindowPlanner> planner_;
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Collective> collective_;
+  std::unique_ptr<CheckpointWriter> checkpoints_;  // rank 0 writes; set by Setup()
   at::Device device_ = at::kCPU;
 
   std::atomic<int64_t> applied_update_{0};

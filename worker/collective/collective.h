@@ -5,6 +5,7 @@
 #define TRAINSTEP_WORKER_COLLECTIVE_COLLECTIVE_H_
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <string>
@@ -15,11 +16,24 @@
 #include "common/worker_client.h"
 #include "trainstep/v1/worker_service.pb.h"
 
+// LibTorch 2.x made ProcessGroupGloo / ProcessGroupNCCL c10d::Backends (a ProcessGroup now
+// wraps backends); in 1.13 they are ProcessGroups. The worker holds the Gloo or NCCL object
+// itself, so its type is the one place the two versions differ (same calls on both).
 namespace c10d {
+#if TORCH_VERSION_MAJOR >= 2
+class Backend;
+#else
 class ProcessGroup;
-}
+#endif
+}  // namespace c10d
 
 namespace trainstep {
+
+#if TORCH_VERSION_MAJOR >= 2
+using C10dGroup = c10d::Backend;
+#else
+using C10dGroup = c10d::ProcessGroup;
+#endif
 
 // DDP's default bucket cap: one all-reduce per ≤ 25 MiB of gradients.
 inline constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;
@@ -61,7 +75,7 @@ class Collective {
   int rank_ = 0;
   int world_size_ = 1;
   at::Device device_ = at::kCPU;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<C10dGroup> group_;
 };
 
 }  // namespace trainstep
