@@ -21,8 +21,8 @@ absl::Status CheckpointWriter::Submit(const ckpt::CheckpointMeta& meta,
   model_ = HostCopy::Start(model);
   optimizer_ = HostCopy::Start(optimizer);
   thread_ = std::thread([this, meta] {
-    absl::StatusOr<std::string> path = ckpt::WriteCheckpoint(dir_, meta, model_->Wait(),
-                                                             optimizer_->Wait(), keep_last_, env_);
+    absl::StatusOr<std::string> path =
+        ckpt::WriteCheckpoint(dir_, meta, model_->Wait(), optimizer_->Wait(), keep_last_, env_);
     status_ = path.ok() ? on_written_(meta, *path) : path.status();
   });
   return absl::OkStatus();

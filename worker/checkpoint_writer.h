@@ -20,11 +20,10 @@ namespace trainstep {
 
 class CheckpointWriter {
  public:
-  using OnWritten = std::function<absl::Status(const ckpt::CheckpointMeta& meta,
-                                               const std::string& path)>;
+  using OnWritten =
+      std::function<absl::Status(const ckpt::CheckpointMeta& meta, const std::string& path)>;
 
-  CheckpointWriter(std::string dir, int keep_last, OnWritten on_written,
-                   Env* env = Env::Default());
+  CheckpointWriter(std::string dir, int keep_last, OnWritten on_written, Env* env = Env::Default());
   ~CheckpointWriter();  // waits for the write in flight (its error is logged)
 
   // Waits for the previous checkpoint (returning its error, and then writing nothing), then

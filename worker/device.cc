@@ -31,8 +31,8 @@ absl::StatusOr<std::optional<int>> LocalRank(const DeviceEnv& env) {
   if (!env.local_rank || env.local_rank->empty()) return std::optional<int>();
   int rank = 0;
   if (!absl::SimpleAtoi(*env.local_rank, &rank) || rank < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LOCAL_RANK must be a non-negative integer, got \"", *env.local_rank, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LOCAL_RANK must be a non-negative integer, got \"", *env.local_rank, "\""));
   }
   return std::optional<int>(rank);
 }
@@ -40,8 +40,9 @@ absl::StatusOr<std::optional<int>> LocalRank(const DeviceEnv& env) {
 absl::StatusOr<c10::Device> Cuda(int index, const std::string& why, const DeviceEnv& env) {
   if (!env.cuda_built) {
     return absl::FailedPreconditionError(
-        absl::StrCat(why, ": this worker was built without CUDA (TRAINSTEP_WITH_CUDA); use "
-                          "--device cpu"));
+        absl::StrCat(why,
+                     ": this worker was built without CUDA (TRAINSTEP_WITH_CUDA); use "
+                     "--device cpu"));
   }
   if (index >= env.cuda_device_count) {
     return absl::FailedPreconditionError(
@@ -69,9 +70,8 @@ absl::StatusOr<c10::Device> ChooseDevice(const std::string& flag, const DeviceEn
   absl::StatusOr<std::optional<int>> local_rank = LocalRank(env);
   if (!local_rank.ok()) return local_rank.status();
   const int from_env = local_rank->value_or(0);
-  const std::string env_why = local_rank->has_value()
-                                  ? absl::StrCat("LOCAL_RANK=", **local_rank)
-                                  : std::string("the default device");
+  const std::string env_why = local_rank->has_value() ? absl::StrCat("LOCAL_RANK=", **local_rank)
+                                                      : std::string("the default device");
   if (flag.empty() || flag == "auto") {
     if (!env.cuda_built || env.cuda_device_count == 0) return c10::Device(c10::kCPU);
     return Cuda(from_env, absl::StrCat("--device auto with ", env_why), env);

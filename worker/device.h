@@ -15,10 +15,10 @@ namespace trainstep {
 
 // What ChooseDevice reads besides the flag; from the process by DeviceEnvFromProcess().
 struct DeviceEnv {
-  bool cuda_built = false;                         // TRAINSTEP_WITH_CUDA
-  int cuda_device_count = 0;                       // visible devices (0 without a driver)
-  std::optional<std::string> local_rank;           // $LOCAL_RANK (torchrun's per-node rank)
-  std::optional<std::string> cuda_visible_devices; // $CUDA_VISIBLE_DEVICES, for messages
+  bool cuda_built = false;                          // TRAINSTEP_WITH_CUDA
+  int cuda_device_count = 0;                        // visible devices (0 without a driver)
+  std::optional<std::string> local_rank;            // $LOCAL_RANK (torchrun's per-node rank)
+  std::optional<std::string> cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
 };
 
 DeviceEnv DeviceEnvFromProcess();
