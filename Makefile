@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 # The worker is ON explicitly, so a build directory configured without it is corrected.
 CMAKE_FLAGS ?= -DTRAINSTEP_BUILD_WORKER=ON
 
-.PHONY: deps configure build test test-unit demo bench clean
+.PHONY: deps configure build test test-unit demo bench check-gpu-build clean
 
 deps:
 	./scripts/install-deps.sh
@@ -23,6 +23,11 @@ test: build
 test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -L unit
 
+# The CUDA worker (LibTorch 2.6 + CUDA + NCCL) built and tested in a cached Debian 13 root
+# (scripts/debian13-root.sh, scripts/check-gpu-build.sh); needs root or sudo, no GPU.
+check-gpu-build: deps
+	./scripts/check-gpu-build.sh
+
 demo: build
 	./deploy/local/demo.sh
 
@@ -30,4 +35,4 @@ bench: build
 	./tests/bench/run.sh
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-debian13

@@ -4,10 +4,12 @@
 #   scripts/debian13-root.sh ensure            create the root, or reuse it; print its path
 #   scripts/debian13-root.sh run CMD [ARG...]  run CMD inside it, in the current directory
 #   scripts/debian13-root.sh sources           print the apt sources the root is given
+#   scripts/debian13-root.sh packages          print the package list's names (the Dockerfile's)
 #
 # The root is cached on the machine, outside the repository, in $TRAINSTEP_DEBIAN13_ROOT
 # (default /var/cache/trainstep/debian13). It is stamped with a hash of the package list
-# (deploy/debian13-packages.txt) and made anew when the list changes.
+# (deploy/debian13-packages.txt) and made anew when the list changes; the downloaded .debs
+# stay in $TRAINSTEP_DEBIAN13_DEBS (default /var/cache/trainstep/debian13-debs) for that.
 #
 # Where packages come from: debootstrap's own default archive (no mirror argument), then the
 # host's apt configuration (/etc/apt/sources.list, sources.list.d/*.list, *.sources) with its
@@ -24,6 +26,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 LIST="$REPO/deploy/debian13-packages.txt"
 ROOT=${TRAINSTEP_DEBIAN13_ROOT:-/var/cache/trainstep/debian13}
 CCACHE=${TRAINSTEP_DEBIAN13_CCACHE:-/var/cache/trainstep/ccache-debian13}
+# Downloaded .deb files, kept beside the root: a refresh fetches only what changed.
+DEBS=${TRAINSTEP_DEBIAN13_DEBS:-/var/cache/trainstep/debian13-debs}
 SUITE=trixie
 COMPONENTS="main contrib non-free"
 # Bump when the way the root is made changes (not the list): forces a fresh root.
@@ -32,7 +36,7 @@ RECIPE=1
 log() { echo "debian13-root: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 require_root() {
   [ "$(id -u)" -eq 0 ] && return
@@ -133,8 +137,8 @@ in_root() {
   # The namespace takes its mounts with it; the trap also removes the private /tmp.
   local rc=0
   unshare --mount --propagation private -- bash -euo pipefail -c '
-    dir=$1 tmp=$2 repo=$3 ccache=$4 bind_repo=$5 workdir=$6
-    shift 6
+    dir=$1 tmp=$2 repo=$3 ccache=$4 bind_repo=$5 workdir=$6 debs=$7
+    shift 7
     mounted=()
     cleanup() {
       local i
@@ -149,6 +153,9 @@ in_root() {
       touch "$dir/etc/resolv.conf"
       mnt --bind -o ro "$(readlink -f /etc/resolv.conf)" "$dir/etc/resolv.conf"
     fi
+    if [ -n "$debs" ]; then
+      mnt --bind "$debs" "$dir/var/cache/apt/archives"
+    fi
     if [ "$bind_repo" = 1 ]; then
       mkdir -p "$dir$repo" "$dir/ccache"
       mnt --bind "$repo" "$dir$repo"
@@ -159,7 +166,7 @@ in_root() {
       DEBIAN_FRONTEND=noninteractive CCACHE_DIR=/ccache CCACHE_BASEDIR="$repo" \
       TRAINSTEP_IN_DEBIAN13_ROOT=1 \
       bash -c "cd \"\$0\" && exec \"\$@\"" "$workdir" "$@"
-  ' in_root "$dir" "$tmp" "$REPO" "$CCACHE" "${BIND_REPO:-0}" "${WORKDIR:-/}" "$@" || rc=$?
+  ' in_root "$dir" "$tmp" "$REPO" "$CCACHE" "${BIND_REPO:-0}" "${WORKDIR:-/}" "${BIND_DEBS:-}" "$@" || rc=$?
   rm -rf "$tmp"
   return $rc
 }
@@ -185,15 +192,20 @@ create_root() {
   chmod 755 "$dir/usr/sbin/policy-rc.d"
   t1=$(date +%s)
   log "debootstrap: $((t1 - t0)) s"
-  local pkgs
+  local pkgs apt_log="$dir.apt.log"
   mapfile -t pkgs < <(packages)
-  in_root "$dir" apt-get update -qq
-  in_root "$dir" apt-get install -y -qq --no-install-recommends --download-only "${pkgs[@]}" \
-    >/dev/null
+  mkdir -p "$DEBS/partial"
+  apt_in_root() {
+    BIND_DEBS=$DEBS in_root "$dir" "$@" >>"$apt_log" 2>&1 ||
+      { tail -40 "$apt_log" >&2; die "'$*' failed in the root (log: $apt_log)"; }
+  }
+  : >"$apt_log"
+  apt_in_root apt-get update
+  apt_in_root apt-get install -y --no-install-recommends --download-only "${pkgs[@]}"
   t2=$(date +%s)
-  log "download of ${#pkgs[@]} packages and their dependencies: $((t2 - t1)) s ($(du -sh "$dir/var/cache/apt/archives" | cut -f1))"
-  in_root "$dir" apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-  in_root "$dir" apt-get clean
+  log "download of ${#pkgs[@]} packages and their dependencies: $((t2 - t1)) s ($(du -sh "$DEBS" | cut -f1) of .debs in $DEBS)"
+  apt_in_root apt-get install -y --no-install-recommends "${pkgs[@]}"
+  rm -f "$apt_log"
   t3=$(date +%s)
   log "unpack + configure: $((t3 - t2)) s; root size $(du -sh --one-file-system "$dir" | cut -f1)"
   log "fresh root: $((t3 - t0)) s in all"
@@ -250,5 +262,6 @@ case "$cmd" in
   ensure) require_root ensure "$@"; ensure ;;
   run) require_root run "$@"; run "$@" ;;
   sources) sources ;;
+  packages) packages ;;
   *) usage ;;
 esac

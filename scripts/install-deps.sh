@@ -11,6 +11,7 @@ PACKAGES=(
   prometheus-cpp-dev prometheus
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch
+  debootstrap  # the Debian 13 root of `make check-gpu-build`
 )
 
 missing=()

@@ -19,6 +19,10 @@ Usage: deploy/local/launch.sh --spec SPEC.json --out DIR [--workers N] [--restar
   --coordinator-flag F / --worker-flag F
                        extra flags for those processes (repeatable)
 
+Worker i gets LOCAL_RANK=i, as torchrun sets it: on a machine with GPUs and a CUDA build,
+their default --device auto puts worker i on cuda:i (pass --worker-flag --device=cpu to
+train on the CPU instead).
+
 Writes DIR/endpoints.json as soon as everything listens:
   {"coordinator": "127.0.0.1:PORT", "coordinator_metrics": "http://…/metrics",
    "worker_metrics": ["http://…/metrics", …]}
@@ -114,7 +118,7 @@ fi
 run_worker() {
   local i=$1 attempt=0
   while :; do
-    "$BIN/trainstep-worker" --job "$JOB" --name "worker-$i" --metrics-listen 127.0.0.1:0 \
+    LOCAL_RANK=$i "$BIN/trainstep-worker" --job "$JOB" --name "worker-$i" --metrics-listen 127.0.0.1:0 \
       --port-file "$OUT/worker-$i.ports" ${WORKER_FLAGS[@]+"${WORKER_FLAGS[@]}"} \
       >>"$OUT/logs/worker-$i.log" 2>&1
     local rc=$?

@@ -277,6 +277,45 @@ TEST_F(EquivalenceTest, Bf16WithoutScalerTracksFp32) {
   }
 }
 
+// Case 10b. fp16 on CUDA: autocast in fp16, the loss scaler at 2^10 and the CUDA unscale
+// (_amp_foreach_non_finite_check_and_unscale_), one worker per visible GPU (at most 2; NCCL
+// when 2): within fp16 tolerance (1e-2 relative) of the fp32 CPU reference, the scale in
+// force in every record, the logged loss the reference's. Skips, saying so, without a GPU.
+// Catches: the fp16 path off (silently fp32), an unscale missing or applied twice on CUDA
+// (a 2^10 or 2^-10 offset), the scaler left out of the backward, gradients summed on the
+// wrong stream (garbage in the all-reduce).
+TEST_F(EquivalenceTest, CudaFp16WithScalerTracksFp32Reference) {
+  const int gpus = WorkerCudaDevices();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device visible to a CUDA-built worker: fp16 needs one";
+  const int workers = gpus >= 2 ? 2 : 1;
+  JobConfig c = TextJob(dir(), 32, 48, workers, 6 / workers, 2);
+  c.precision = "fp16";
+  c.loss_scaler = R"({"enabled":true,"init_scale":1024})";
+  c.checkpoint_dir = dir() + "/ckpt";
+  JobConfig fp32 = c;
+  fp32.precision = "fp32";
+  fp32.loss_scaler = "";
+  const ReferenceRun ref = Reference(fp32);
+  ASSERT_EQ(ref.updates.size(), 4u);
+  std::vector<std::vector<std::string>> flags;
+  for (int i = 0; i < workers; ++i) flags.push_back({absl::StrCat("--device=cuda:", i)});
+  JobRun run = RunJob(c.Json(), workers, flags);
+  EXPECT_EQ(run.job.state(), v1::SUCCEEDED) << run.job.message() << "\n" << cluster()->Logs();
+  for (const v1::UpdateRecord& r : run.updates) EXPECT_EQ(r.loss_scale(), 1024.0);
+  const std::vector<v1::UpdateRecord> commits = Commits(run.updates);
+  ASSERT_EQ(commits.size(), 4u);
+  int64_t update_id = -1;
+  absl::StatusOr<Params> p = LatestCheckpointParams(c.checkpoint_dir, &update_id);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(update_id, 4);
+  const double diff = RelativeDifference(*p, ref.final_params);
+  std::cout << "fp16 on " << workers << " GPU(s) vs fp32 CPU reference: " << diff << "\n";
+  EXPECT_LE(diff, 1e-2);
+  for (size_t i = 0; i < commits.size(); ++i) {
+    EXPECT_NEAR(commits[i].loss(), ref.updates[i].loss, 1e-2 * ref.updates[i].loss);
+  }
+}
+
 // Case 11. W = 4, B = 8, 42 samples: the 6th window holds 2 samples, so ranks 2 and 3 get
 // none; they still enter the all-reduce (with zero gradients) and the result equals the
 // reference normalised by the 2 real samples.

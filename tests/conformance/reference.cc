@@ -221,4 +221,12 @@ double ReferenceLrFactor(const std::string& spec_json, int64_t scheduler_step) {
   return LrFactor(spec->schedule(), scheduler_step);
 }
 
+int WorkerCudaDevices() {
+#ifdef TRAINSTEP_WITH_CUDA
+  return static_cast<int>(torch::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
 }  // namespace trainstep::conformance

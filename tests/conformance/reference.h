@@ -58,6 +58,10 @@ absl::StatusOr<Params> LatestCheckpointParams(const std::string& dir,
                                               int64_t* optimizer_update_id = nullptr,
                                               int64_t* checkpoint_id = nullptr);
 
+// CUDA devices the worker processes can train on: 0 without a GPU, or when the worker is
+// built without its CUDA path (TRAINSTEP_WITH_CUDA).
+int WorkerCudaDevices();
+
 // The lr multiplier of the closed form (warmup (s+1)/W, then cosine or linear to min ratio).
 double ReferenceLrFactor(const std::string& spec_json, int64_t scheduler_step);
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The Kubernetes manifests render (kustomize, offline) into the objects the README promises.
-# Catches: YAML that does not parse, a missing object, a kustomization pointing at nothing.
+# The Kubernetes manifests render (kustomize, offline) into the objects the README promises:
+# deploy/k8s, and the GPU overlay deploy/k8s-gpu on top of it.
+# Catches: YAML that does not parse, a missing object, a kustomization pointing at nothing,
+# GPU workers without a GPU each, without NCCL's environment or on the CPU image.
+# Exits 77 (skipped) without kubectl: the Debian 13 root of `make check-gpu-build` has none.
 set -euo pipefail
 ROOT=$1
+command -v kubectl >/dev/null || { echo "skipped: kubectl is not installed"; exit 77; }
 out=$(kubectl kustomize "$ROOT/deploy/k8s")
 for kind in Namespace StatefulSet Service PodDisruptionBudget Job ConfigMap; do
   grep -q "^kind: $kind$" <<<"$out" || { echo "missing kind $kind"; exit 1; }
@@ -11,3 +15,26 @@ grep -q "completionMode: Indexed" <<<"$out" || { echo "workers are not an Indexe
 grep -q "maxUnavailable: 0" <<<"$out" || { echo "no PodDisruptionBudget maxUnavailable 0"; exit 1; }
 grep -q -- "--insecure" <<<"$out" || { echo "coordinator on 0.0.0.0 needs --insecure"; exit 1; }
 echo "ok: $(grep -c '^kind:' <<<"$out") objects"
+
+# The GPU overlay: the same objects; the worker Job (and only it) changed.
+gpu=$(kubectl kustomize "$ROOT/deploy/k8s-gpu" 2>/dev/null)
+[ "$(grep -c '^kind:' <<<"$gpu")" -eq "$(grep -c '^kind:' <<<"$out")" ] ||
+  { echo "the GPU overlay changes the set of objects"; exit 1; }
+# The worker Job: from its "kind: Job" line with name trainstep-workers to the next object.
+workers=$(awk '/^---$/ { if (doc ~ /\nkind: Job\n/ && doc ~ /\n  name: trainstep-workers\n/) print doc; doc = "" ; next }
+               { doc = doc "\n" $0 }
+               END { if (doc ~ /\nkind: Job\n/ && doc ~ /\n  name: trainstep-workers\n/) print doc }' <<<"$gpu")
+[ -n "$workers" ] || { echo "no worker Job in the GPU overlay"; exit 1; }
+need() { grep -q -- "$1" <<<"$workers" || { echo "GPU worker Job: $2"; exit 1; }; }
+need "completionMode: Indexed" "not an Indexed Job"
+need "image: trainstep-gpu:" "not the GPU image (deploy/docker/Dockerfile.gpu)"
+[ "$(grep -c 'nvidia.com/gpu: 1$' <<<"$workers")" -eq 2 ] ||
+  { echo "GPU worker Job: not exactly one GPU per worker (request and limit)"; exit 1; }
+need "--device cuda" "the worker is not told to use its GPU"
+need "name: NCCL_SOCKET_IFNAME" "no NCCL environment"
+need "mountPath: /dev/shm" "no shared memory for NCCL"
+need "name: TRAINSTEP_COORDINATOR" "lost the base's environment"
+need "claimName: trainstep-checkpoints" "lost the base's volumes"
+[ "$(grep -c 'image: trainstep:' <<<"$gpu")" -eq 2 ] ||
+  { echo "the coordinator and the submit job should keep the CPU image"; exit 1; }
+echo "ok: GPU overlay, $(grep -c '^kind:' <<<"$gpu") objects"

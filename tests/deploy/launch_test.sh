@@ -16,7 +16,7 @@ cat >"$DIR/spec.json" <<JSON
  "batch":{"micro_batch_size":4,"accumulation_steps":2},"workers":{"count":2},
  "optimizer":{"sgd":{"lr":0.05}},"stop":{"epochs":2}}
 JSON
-timeout 120 "$ROOT/deploy/local/launch.sh" --spec "$DIR/spec.json" --out "$DIR/run" --bin "$BIN" >"$DIR/run.out" 2>&1
+timeout 120 "$ROOT/deploy/local/launch.sh" --spec "$DIR/spec.json" --out "$DIR/run" --bin "$BIN" --worker-flag --device=cpu >"$DIR/run.out" 2>&1
 rc=$?
 [ $rc -eq 0 ] || { cat "$DIR/run.out"; fail "launch exited $rc"; }
 grep -q '"coordinator": "127.0.0.1:' "$DIR/run/endpoints.json" || fail "endpoints.json lacks the coordinator"
@@ -27,7 +27,7 @@ pgrep -f -- "$DIR/run" >/dev/null && fail "processes left behind"
 
 # A worker killed mid-run is restarted (as Kubernetes would) and the job still succeeds.
 sed 's/"epochs":2/"epochs":400/' "$DIR/spec.json" >"$DIR/long.json"
-timeout 300 "$ROOT/deploy/local/launch.sh" --spec "$DIR/long.json" --out "$DIR/restart" --bin "$BIN" \
+timeout 300 "$ROOT/deploy/local/launch.sh" --spec "$DIR/long.json" --out "$DIR/restart" --bin "$BIN" --worker-flag --device=cpu \
   --restart-workers --coordinator-flag=--worker-lease-ms=1500 >"$DIR/restart.out" 2>&1 &
 LAUNCH=$!
 for _ in $(seq 1 300); do

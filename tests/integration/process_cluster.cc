@@ -190,9 +190,16 @@ absl::StatusOr<std::string> ProcessCluster::Submit(const std::string& spec_json)
 
 absl::StatusOr<pid_t> ProcessCluster::StartWorker(const std::string& job_id,
                                                   const std::vector<std::string>& extra_flags) {
-  std::vector<std::string> argv = {
-      BinDir() + "/trainstep-worker",          "--coordinator", address_, "--job", job_id, "--name",
-      absl::StrCat("worker-", workers_.size())};
+  // CPU unless a test asks for a device (a later --device wins): the suite's references are
+  // CPU runs, and on a GPU machine --device auto would put every worker on cuda:0.
+  std::vector<std::string> argv = {BinDir() + "/trainstep-worker",
+                                   "--coordinator",
+                                   address_,
+                                   "--job",
+                                   job_id,
+                                   "--name",
+                                   absl::StrCat("worker-", workers_.size()),
+                                   "--device=cpu"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   absl::StatusOr<pid_t> pid = Spawn(argv, absl::StrCat(dir_, "/worker-", workers_.size(), ".log"));
   if (pid.ok()) workers_.push_back(*pid);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/collective/coordinator_store.h"
+#include "worker/device.h"
 #include "worker/torch_status.h"
 
 namespace trainstep {
@@ -32,29 +33,35 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(WorkerClient* cl
                                                                 const std::string& job_id,
                                                                 const v1::Assignment& a,
                                                                 const CollectiveOptions& options) {
-  std::unique_ptr<Collective> c(new Collective());
-  c->rank_ = a.rank();
-  c->world_size_ = a.world_size();
-  c->device_ = options.device;
   auto base = c10::make_intrusive<CoordinatorStore>(client, job_id, Millis(options.timeout));
   auto store = c10::make_intrusive<c10d::PrefixStore>(a.store_prefix(), base);
-  absl::Status s = Catching(
-      absl::StrCat("joining generation ", a.generation(), " as rank ", a.rank(), " of ",
-                   a.world_size()),
-      [&] {
+  return Connect(store, a.rank(), a.world_size(), absl::StrCat("generation ", a.generation()),
+                 options);
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size, const std::string& what,
+    const CollectiveOptions& options) {
+  std::unique_ptr<Collective> c(new Collective());
+  c->rank_ = rank;
+  c->world_size_ = world_size;
+  c->device_ = options.device;
+  absl::Status s =
+      Catching(absl::StrCat("joining ", what, " as rank ", rank, " of ", world_size), [&] {
 #ifdef TRAINSTEP_WITH_CUDA
         if (options.device.is_cuda()) {
+          // NCCL runs each collective on its own stream, ordered after the work queued on
+          // this rank's current stream of options.device; wait() orders that stream after it.
+          UseDeviceInThisThread(options.device);
           auto opts = c10d::ProcessGroupNCCL::Options::create();
           opts->timeout = Millis(options.timeout);
-          c->group_ =
-              c10::make_intrusive<c10d::ProcessGroupNCCL>(store, a.rank(), a.world_size(), opts);
+          c->group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
           return;
         }
 #endif
         auto opts = c10d::ProcessGroupGloo::Options::create(Millis(options.timeout));
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
-        c->group_ =
-            c10::make_intrusive<c10d::ProcessGroupGloo>(store, a.rank(), a.world_size(), opts);
+        c->group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
       });
   if (!s.ok()) return s;
   return c;

@@ -20,6 +20,7 @@
 // wraps backends); in 1.13 they are ProcessGroups. The worker holds the Gloo or NCCL object
 // itself, so its type is the one place the two versions differ (same calls on both).
 namespace c10d {
+class Store;
 #if TORCH_VERSION_MAJOR >= 2
 class Backend;
 #else
@@ -56,6 +57,11 @@ class Collective {
                                                              const std::string& job_id,
                                                              const v1::Assignment& a,
                                                              const CollectiveOptions& options);
+  // The same over any c10d store (tests use an in-process one); `what` names the group in
+  // errors. On CUDA the group is NCCL's, on options.device (one device per rank).
+  static absl::StatusOr<std::unique_ptr<Collective>> Connect(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+      const std::string& what, const CollectiveOptions& options);
   ~Collective();
 
   int rank() const { return rank_; }

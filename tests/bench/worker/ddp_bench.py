@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Baseline (b) of the worker benchmark: PyTorch DDP (Gloo, CPU) on the same job.
+"""Baseline (b) of the worker benchmark: PyTorch DDP on the same job (Gloo on CPU; NCCL with
+--device cuda, rank r on cuda:r, as gpu_bench.py runs it).
 
 Same spec file trainstep runs (every field written out; see worker_bench.py): the same
 tiny_gpt architecture written in Python (same shapes and op sequence; init differs), the
@@ -119,13 +120,19 @@ def collate(samples, indices):
 
 
 def worker(rank, args, spec, port):
-    torch.set_num_threads(1)
+    cuda = args.device == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     world = spec["workers"]["count"]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
     g = spec["model"]["tiny_gpt"]
     torch.manual_seed(spec.get("seed", 0))
-    model = DDP(TinyGpt(g["n_layer"], g["n_head"], g["d_model"], g["seq_len"]))
+    model = TinyGpt(g["n_layer"], g["n_head"], g["d_model"], g["seq_len"]).to(device)
+    model = DDP(model, device_ids=[rank] if cuda else None)
     a = spec["optimizer"]["adamw"]
     opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], betas=(a["beta1"], a["beta2"]),
                             eps=a["eps"], weight_decay=a["weight_decay"])
@@ -143,9 +150,11 @@ def worker(rank, args, spec, port):
         loss_total = 0.0
         for k, indices in enumerate(micro):
             ids, labels = collate(samples, indices)
+            ids, labels = ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             sync = contextlib.nullcontext() if k == len(micro) - 1 else model.no_sync()
             with sync:
-                amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+                amp = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
+                       else contextlib.nullcontext())
                 with amp:
                     logits = model(ids)
                 v = logits.size(2)
@@ -156,6 +165,8 @@ def worker(rank, args, spec, port):
             loss_total += loss.item()
         opt.step()
         opt.zero_grad()
+        if cuda:
+            torch.cuda.synchronize(device)  # a window ends when its update is done
         if out is not None:
             out.write(json.dumps({"window": w, "end_time_ms": int(time.time() * 1000),
                                   "tokens": n}) + "\n")
@@ -178,6 +189,7 @@ def main():
     p.add_argument("--spec", required=True)
     p.add_argument("--windows", type=int, required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()
     spec = json.load(open(args.spec))
     if spec["data"].get("shuffle", False):
