@@ -59,6 +59,7 @@ log="$BUILD_DIR/Testing/Temporary/LastTest.log"
 if [ -f "$log" ]; then
   awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 }
        /: Skipped$/ { getline reason; if (name != "") printf "  skipped %s: %s\n", name, reason }
+       /^skipped: / { if (name != "") printf "  skipped %s: %s\n", name, substr($0, 10) }
       ' "$log" | sort -u >&2
 fi
 exit $rc

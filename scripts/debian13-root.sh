@@ -31,7 +31,7 @@ DEBS=${TRAINSTEP_DEBIAN13_DEBS:-/var/cache/trainstep/debian13-debs}
 SUITE=trixie
 COMPONENTS="main contrib non-free"
 # Bump when the way the root is made changes (not the list): forces a fresh root.
-RECIPE=1
+RECIPE=2
 
 log() { echo "debian13-root: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -171,6 +171,41 @@ in_root() {
   return $rc
 }
 
+# LibTorch's CUDA libraries are linked with BIND_NOW against libcudnn.so.9, so without it no
+# worker or test can even start. Without cuDNN, the root gets a libcudnn.so.9 in /usr/local/lib
+# that defines every cudnn* function those libraries use; each one stops the process with a
+# message saying cuDNN is not installed. Nothing reaches them without a GPU.
+install_cudnn_placeholder() {
+  local dir=$1
+  # shellcheck disable=SC2016
+  apt_in_root bash -euo pipefail -c '
+    ls /usr/lib/x86_64-linux-gnu/libcudnn.so.9.* >/dev/null 2>&1 && exit 0  # the real one
+    syms=$(for f in /usr/lib/x86_64-linux-gnu/lib*.so.*; do
+             [ -L "$f" ] && continue
+             readelf -d "$f" 2>/dev/null | grep -q "NEEDED.*\[libcudnn\.so\.9\]" || continue
+             nm -D --undefined-only "$f" | awk "\$2 ~ /^cudnn/ { print \$2 }"
+           done | sed "s/@.*//" | sort -u)
+    [ -n "$syms" ] || { echo "no library needs libcudnn.so.9" >&2; exit 1; }
+    {
+      echo "#include <stdio.h>"
+      echo "#include <stdlib.h>"
+      echo "static void missing(const char* f) {"
+      echo "  fprintf(stderr, \"%s: cuDNN is not installed in this build root (no GPU here; see scripts/debian13-root.sh)\\n\", f);"
+      echo "  abort();"
+      echo "}"
+      for s in $syms; do echo "void $s(void) { missing(\"$s\"); }"; done
+    } >/tmp/cudnn-placeholder.c
+    # The users bind to version node libcudnn.so.9 (cudnnCreate@libcudnn.so.9).
+    echo "libcudnn.so.9 { global: *; };" >/tmp/cudnn-placeholder.map
+    gcc -shared -fPIC -O1 -Wl,-soname,libcudnn.so.9 \
+      -Wl,--version-script=/tmp/cudnn-placeholder.map -o /usr/local/lib/libcudnn.so.9 \
+      /tmp/cudnn-placeholder.c
+    ldconfig
+    echo "libcudnn.so.9 placeholder: $(echo "$syms" | wc -l) functions"
+  '
+  log "cuDNN not downloaded; $(tail -1 "$dir.apt.log")"
+}
+
 # Makes a fresh root in $1: debootstrap, apt sources, the package list. Prints phase timings.
 create_root() {
   local dir=$1 t0 t1 t2 t3
@@ -204,7 +239,13 @@ create_root() {
   apt_in_root apt-get install -y --no-install-recommends --download-only "${pkgs[@]}"
   t2=$(date +%s)
   log "download of ${#pkgs[@]} packages and their dependencies: $((t2 - t1)) s ($(du -sh "$DEBS" | cut -f1) of .debs in $DEBS)"
+  # cuDNN: Debian has only a downloader for it (nvidia-cudnn, which fetches it from NVIDIA's
+  # servers when its licence question is answered "I Agree"). The root does not download it:
+  # it has no GPU to run cuDNN on, and CI machines reach Debian's archive only.
+  echo "nvidia-cudnn nvidia-cudnn/question select I Decline" |
+    apt_in_root debconf-set-selections
   apt_in_root apt-get install -y --no-install-recommends "${pkgs[@]}"
+  install_cudnn_placeholder "$dir"
   rm -f "$apt_log"
   t3=$(date +%s)
   log "unpack + configure: $((t3 - t2)) s; root size $(du -sh --one-file-system "$dir" | cut -f1)"

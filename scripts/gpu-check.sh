@@ -37,7 +37,7 @@ prepare_debs() {
   local closure
   closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
     --no-breaks --no-replaces --no-enhances "${DEB_PACKAGES[@]}" | grep -E '^[a-z0-9]' |
-    grep -Ev '^(libc6|libc6-dev|libc-dev-bin|libgcc|libstdc\+\+|gcc|g\+\+|cpp|binutils|perl|dpkg|debconf|tar|zlib1g$|libzstd|liblzma|libbz2|libcrypt|linux-libc-dev|libselinux|libpcre|libgmp|libmpfr|libmpc|libisl|libtinfo|libncurses|libsystemd|libcap|libgcrypt|libgpg|liblz4|libudev|libssl3|libssl-dev|openssl)' |
+    grep -Ev '^(libc6|libc6-dev|libc-dev-bin|libgcc|libstdc\+\+|gcc|g\+\+|cpp|binutils|perl|dpkg|debconf|tar|zlib1g$|libzstd|liblzma|libbz2|libcrypt|linux-libc-dev|libselinux|libpcre|libgmp|libmpfr|libmpc|libisl|libtinfo|libncurses|libsystemd|libcap|libgcrypt|libgpg|liblz4|libudev)' |
     sort -u)
   # shellcheck disable=SC2086
   (cd "$DEBS" && apt-get download $closure >/dev/null)
