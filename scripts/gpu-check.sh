@@ -76,10 +76,11 @@ say "PyTorch $TORCH_VERSION ($PY), CUDA device: $GPU_NAME"
 if [ "$CPU" = 0 ] && [ "$CUDA_OK" != 1 ]; then
   die "no CUDA device visible to PyTorch (use --cpu to rehearse without one)"
 fi
-TORCH_DIR=$(find "$TORCH_CMAKE" -name TorchConfig.cmake -printf '%h\n' 2>/dev/null | head -1)
+TORCH_DIR=$(find "$TORCH_CMAKE" -name TorchConfig.cmake -printf '%h\n' 2>/dev/null | head -1 || true)
 if [ -z "$TORCH_DIR" ] && [ "$CPU" = 1 ]; then
   # Debian's python3-torch keeps the CMake config with the system LibTorch instead.
-  TORCH_DIR=$(find /usr/lib /usr/local/lib -name TorchConfig.cmake -printf '%h\n' 2>/dev/null | head -1)
+  TORCH_DIR=$(find /usr/lib /usr/local/lib -name TorchConfig.cmake -printf '%h\n' 2>/dev/null |
+    head -1 || true)
   say "no TorchConfig.cmake under $TORCH_CMAKE; rehearsing with $TORCH_DIR"
 fi
 [ -n "$TORCH_DIR" ] || die "no TorchConfig.cmake under $TORCH_CMAKE"
@@ -87,9 +88,10 @@ fi
 # 2. The service's libraries: the system's, or the carried .debs unpacked.
 PREFIXES="$TORCH_DIR"
 if [ "$FORCE_DEBS" = 1 ] || ! command -v grpc_cpp_plugin >/dev/null ||
-  [ -z "$(find /usr/lib /usr/local/lib -name 'gRPCConfig.cmake' 2>/dev/null | head -1)" ]; then
+  [ -z "$(find /usr/lib /usr/local/lib -name 'gRPCConfig.cmake' 2>/dev/null | head -1 || true)" ]; then
   ls "$DEBS"/*.deb >/dev/null 2>&1 || die "no gRPC here and no .debs in $DEBS (--prepare-debs)"
-  DEPS=$(mktemp -d /tmp/trainstep-gpu-deps.XXXXXX)
+  DEPS="$OUT/deps"
+  rm -rf "$DEPS" && mkdir -p "$DEPS"
   for f in "$DEBS"/*.deb; do dpkg -x "$f" "$DEPS"; done
   LIBDIR="$DEPS/usr/lib/x86_64-linux-gnu"
   export PATH="$DEPS/usr/bin:$PATH" LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -120,9 +122,10 @@ say "built in $(elapsed); worker loads: $(ldd "$BUILD/bin/trainstep-worker" |
 # 4. Device tests: on a GPU none of the Cuda* tests may skip.
 rc=0
 "$BUILD/tests/worker_device_test" >"$OUT/device-tests.log" 2>&1 || rc=$?
-say "worker_device_test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$OUT/device-tests.log" |
-  grep -v '\.' | tr '\n' ' ')"
-grep -E '^\[  (FAILED|SKIPPED) \] [A-Za-z]' "$OUT/device-tests.log" | sed 's/^/  /' |
+count() { grep -cE "$1" "$OUT/device-tests.log" || true; }
+say "worker_device_test: $(count '^\[       OK \]') passed, $(count '^\[  FAILED  \] [A-Za-z].* \(')" \
+  "failed, $(count '^\[  SKIPPED \] [A-Za-z].* \(') skipped"
+grep -E '^\[  (FAILED  |SKIPPED) \] [A-Za-z].* \(' "$OUT/device-tests.log" | sed 's/^/  /' |
   tee -a "$OUT/gpu-check.txt" >&2 || true
 [ $rc -eq 0 ] || die "device tests failed (log: $OUT/device-tests.log)"
 if [ "$CPU" = 0 ] && grep -qE '^\[  SKIPPED \] .*Cuda' "$OUT/device-tests.log"; then

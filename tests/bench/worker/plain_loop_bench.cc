@@ -8,7 +8,6 @@
 // tests/bench/worker/worker_bench.py turns them into tokens/s over the same window range
 // as trainstep's updates.jsonl.
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 #include <torch/optim/adamw.h>
 
@@ -27,6 +26,7 @@
 #include "common/env.h"
 #include "common/flags.h"
 #include "common/spec.h"
+#include "worker/amp.h"
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
@@ -141,14 +141,9 @@ int Run(int argc, char** argv) {
       at::Tensor input = ToLongTensor(mb.input_ids, mb.rows, mb.length);
       at::Tensor labels = ToLongTensor(mb.labels, mb.rows, mb.length);
       at::Tensor logits;
-      if (bf16) {
-        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-        at::autocast::set_cpu_enabled(true);
-        at::autocast::increment_nesting();
-        logits = (*model)->Forward(input);
-        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-        at::autocast::set_cpu_enabled(false);
-      } else {
+      {
+        // The worker's scope (worker/amp.h): LibTorch's autocast switches differ by version.
+        AutocastScope autocast(spec->precision(), at::kCPU);
         logits = (*model)->Forward(input);
       }
       const int64_t vocab = logits.size(2);
