@@ -6,7 +6,8 @@
 # (ccache: its directory is on the host, so a second run compiles little), print the worker's
 # `ldd` lines for libtorch_cuda and libnccl (and fail without them), run the whole test suite
 # with ctest (CPU execution: tests that need a GPU skip, saying so) and list the skipped ones
-# with their reasons. No GPU is needed. Times each phase.
+# with their reasons. No GPU is needed. Times each phase. Each test binary runs as one CTest
+# test (TRAINSTEP_TEST_PER_BINARY): loading LibTorch for CUDA costs ~5 s a process.
 #
 #   scripts/check-gpu-build.sh [CTEST_ARGS...]    e.g. -R worker_device to run a subset
 set -euo pipefail
@@ -28,7 +29,7 @@ phase() { echo "check-gpu-build: $*" >&2; }
 t0=$(date +%s)
 ccache --zero-stats >/dev/null 2>&1 || true
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINSTEP_BUILD_WORKER=ON \
-  -DTRAINSTEP_WITH_CUDA=ON >"$BUILD_DIR.configure.log" 2>&1 ||
+  -DTRAINSTEP_WITH_CUDA=ON -DTRAINSTEP_TEST_PER_BINARY=ON >"$BUILD_DIR.configure.log" 2>&1 ||
   { cat "$BUILD_DIR.configure.log" >&2; exit 1; }
 grep -q "trainstep: CUDA/NCCL worker path ON" "$BUILD_DIR.configure.log" ||
   { cat "$BUILD_DIR.configure.log" >&2; phase "the CUDA path is not enabled"; exit 1; }
@@ -58,7 +59,9 @@ phase "tests ran in $((t3 - t2)) s"
 log="$BUILD_DIR/Testing/Temporary/LastTest.log"
 if [ -f "$log" ]; then
   awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 }
-       /: Skipped$/ { getline reason; if (name != "") printf "  skipped %s: %s\n", name, reason }
+       /^\[ RUN      \] / { name = $4 }
+       /: Skipped$/ { getline reason; sub(/[ \t\r]+$/, "", reason)
+                      if (name != "") printf "  skipped %s: %s\n", name, reason }
        /^skipped: / { if (name != "") printf "  skipped %s: %s\n", name, substr($0, 10) }
       ' "$log" | sort -u >&2
 fi
