@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -447,13 +448,19 @@ std::string DataKind(const v1::Data& data) {
       return "data.jsonl";
     case v1::Data::kSyntheticRegression:
       return "data.synthetic_regression";
+    case v1::Data::kTokens:
+      return "data.tokens";
     case v1::Data::SOURCE_NOT_SET:
       break;
   }
   return "no data";
 }
 
+// "data.text, data.jsonl or data.tokens": the token-level sources, for messages.
+constexpr char kTokenSources[] = "data.text, data.jsonl or data.tokens";
+
 constexpr int32_t kDefaultTextSeqLen = 128;
+constexpr int32_t kDefaultVocabSize = 256;  // bytes
 constexpr int32_t kDefaultInFeatures = 8;
 
 // ---------------------------------------------------------------------------------------
@@ -479,15 +486,16 @@ absl::Status ResolveName(v1::JobSpec& out) {
 absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
   v1::Model& model = *out.mutable_model();
   const v1::Data& data = in.data();
-  const bool token_data = data.has_text() || data.has_jsonl();
+  const bool token_data = data.has_text() || data.has_jsonl() || data.has_tokens();
   switch (model.kind_case()) {
     case v1::Model::KIND_NOT_SET:
-      return Invalid("model is required: one of tiny_gpt, mlp, torchscript");
+      return Invalid(absl::StrCat("model is required: one of ",
+                                  OneofNames(v1::Model::descriptor()->FindOneofByName("kind"))));
     case v1::Model::kTinyGpt:
     case v1::Model::kTorchscript:
       if (data.source_case() != v1::Data::SOURCE_NOT_SET && !token_data) {
         return Invalid(absl::StrCat("model.", model.has_tiny_gpt() ? "tiny_gpt" : "torchscript",
-                                    " needs data.text or data.jsonl, got ", DataKind(data)));
+                                    " needs ", kTokenSources, ", got ", DataKind(data)));
       }
       break;
     case v1::Model::kMlp:
@@ -516,9 +524,16 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
     } else if (data.has_text()) {
       // Checked where data.text.seq_len is resolved.
       t.set_seq_len(data.text().has_seq_len() ? data.text().seq_len() : kDefaultTextSeqLen);
+    } else if (data.has_tokens()) {
+      // A tokens sample is seq_len + 1 tokens; checked where data.tokens.seq_len is resolved.
+      const int64_t tokens = data.tokens().has_seq_len() ? data.tokens().seq_len()
+                                                         : kDefaultTextSeqLen;
+      t.set_seq_len(static_cast<int32_t>(std::min<int64_t>(tokens + 1, 65536)));
     } else {
       t.set_seq_len(256);
     }
+    if (!t.has_vocab_size()) t.set_vocab_size(kDefaultVocabSize);
+    RETURN_IF_ERROR(IntInRange("model.tiny_gpt.vocab_size", t.vocab_size(), 2, 1000000));
   } else if (model.has_mlp()) {
     v1::Mlp& m = *model.mutable_mlp();
     const v1::SyntheticRegression& regression = data.synthetic_regression();
@@ -545,8 +560,39 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
           "model.torchscript.path is required: the TorchScript file whose forward(input_ids) "
           "returns logits, got \"\"");
     }
-    if (!ts.has_vocab_size()) ts.set_vocab_size(256);
+    if (!ts.has_vocab_size()) ts.set_vocab_size(kDefaultVocabSize);
     RETURN_IF_ERROR(IntInRange("model.torchscript.vocab_size", ts.vocab_size(), 2, 1000000));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveTokens(const v1::JobSpec& in, v1::TokensData& tokens) {
+  if (tokens.path().empty()) {
+    return Invalid(
+        "data.tokens.path is required: a flat file of little-endian token ids (nanoGPT's "
+        "train.bin), got \"\"");
+  }
+  if (tokens.dtype() == v1::TokensData::DTYPE_UNSPECIFIED) {
+    return Invalid(absl::StrCat("data.tokens.dtype is required: ",
+                                EnumChoices(v1::TokensData::Dtype_descriptor()),
+                                " (the width of the ids in the file; no default, since ids read "
+                                "with the wrong width are silently wrong)"));
+  }
+  RETURN_IF_ERROR(
+      KnownEnum("data.tokens.dtype", v1::TokensData::Dtype_descriptor(), tokens.dtype()));
+  const v1::TinyGpt& gpt = in.model().tiny_gpt();
+  const bool model_seq_len = in.model().has_tiny_gpt() && gpt.has_seq_len();
+  if (!tokens.has_seq_len()) {
+    // A model with a shorter context gets samples that fit it (a sample is seq_len + 1).
+    tokens.set_seq_len(model_seq_len ? std::max(1, std::min(kDefaultTextSeqLen, gpt.seq_len() - 1))
+                                     : kDefaultTextSeqLen);
+  }
+  RETURN_IF_ERROR(IntInRange("data.tokens.seq_len", tokens.seq_len(), 1, 65535));
+  if (model_seq_len && tokens.seq_len() >= gpt.seq_len()) {
+    return Invalid(absl::StrCat(
+        "data.tokens.seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens "
+        "and must fit the model's context), got ",
+        tokens.seq_len(), " and ", gpt.seq_len()));
   }
   return absl::OkStatus();
 }
@@ -555,7 +601,8 @@ absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
   v1::Data& data = *out.mutable_data();
   switch (data.source_case()) {
     case v1::Data::SOURCE_NOT_SET:
-      return Invalid("data is required: one of text, jsonl, synthetic_regression");
+      return Invalid(absl::StrCat("data is required: one of ",
+                                  OneofNames(v1::Data::descriptor()->FindOneofByName("source"))));
     case v1::Data::kText: {
       v1::TextData& text = *data.mutable_text();
       if (text.paths().empty()) {
@@ -601,6 +648,9 @@ absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
           IntInRange("data.synthetic_regression.in_features", r.in_features(), 1, 65536));
       break;
     }
+    case v1::Data::kTokens:
+      RETURN_IF_ERROR(ResolveTokens(in, *data.mutable_tokens()));
+      break;
   }
   if (!data.has_shuffle()) data.set_shuffle(false);
   return absl::OkStatus();
@@ -631,13 +681,14 @@ absl::Status ResolveLoss(v1::JobSpec& out) {
       KnownEnum("loss.normalization", v1::Loss::Normalization_descriptor(), loss.normalization()));
   if (loss.normalization() == v1::Loss::tokens && !token_level) {
     return Invalid(
-        "loss.normalization tokens needs token data (data.text or data.jsonl); "
-        "synthetic_regression is sample-level: use samples");
+        absl::StrCat("loss.normalization tokens needs token data (", kTokenSources,
+                     "); synthetic_regression is sample-level: use samples"));
   }
   if (loss.normalization() == v1::Loss::samples && token_level) {
     return Invalid(
         absl::StrCat("loss.normalization samples needs sample data (data.synthetic_regression); ",
-                     out.data().has_text() ? "text" : "jsonl", " is token-level: use tokens"));
+                     absl::StripPrefix(DataKind(out.data()), "data."),
+                     " is token-level: use tokens"));
   }
   return absl::OkStatus();
 }
@@ -906,7 +957,19 @@ int64_t GlobalBatchSamples(const v1::JobSpec& resolved) {
 }
 
 bool IsTokenLevel(const v1::JobSpec& resolved) {
-  return resolved.data().has_text() || resolved.data().has_jsonl();
+  return resolved.data().has_text() || resolved.data().has_jsonl() || resolved.data().has_tokens();
+}
+
+int64_t ModelVocabSize(const v1::JobSpec& resolved) {
+  const v1::Model& m = resolved.model();
+  // A spec resolved before the field existed (journaled by an older coordinator) means bytes.
+  if (m.has_tiny_gpt()) {
+    return m.tiny_gpt().has_vocab_size() ? m.tiny_gpt().vocab_size() : kDefaultVocabSize;
+  }
+  if (m.has_torchscript()) {
+    return m.torchscript().has_vocab_size() ? m.torchscript().vocab_size() : kDefaultVocabSize;
+  }
+  return 0;
 }
 
 }  // namespace trainstep

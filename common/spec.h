@@ -50,8 +50,13 @@ std::string JobSpecHash(const v1::JobSpec& resolved);
 // workers.count.
 int64_t GlobalBatchSamples(const v1::JobSpec& resolved);
 
-// True when the data is token-level (data.text or data.jsonl): losses normalise by tokens.
+// True when the data is token-level (data.text, data.jsonl or data.tokens): losses normalise
+// by tokens.
 bool IsTokenLevel(const v1::JobSpec& resolved);
+
+// The token ids a language model accepts: model.tiny_gpt.vocab_size or
+// model.torchscript.vocab_size (0 for mlp). The one place the model's vocabulary is read.
+int64_t ModelVocabSize(const v1::JobSpec& resolved);
 
 }  // namespace trainstep
 

@@ -37,6 +37,13 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
     return absl::FailedPreconditionError(
         "--generate needs a language model (tiny_gpt or torchscript)");
   }
+  if (ModelVocabSize(spec) != 256) {
+    // Prompt and output are bytes; ids of another tokenizer would print as garbage.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--generate reads and prints bytes: it needs a byte-level model (vocab_size 256), got "
+        "vocab_size ",
+        ModelVocabSize(spec)));
+  }
   const std::string name =
       ckpt.filename().empty() ? ckpt.parent_path().filename().string() : ckpt.filename().string();
   int64_t id = 0;
@@ -48,9 +55,10 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec));
   // Samples of seq_len tokens train predictions at positions 0..seq_len-2 only (the last
   // position has no next token), so generation never reads the untrained last position.
-  const int64_t seq_len = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len()
-                          : spec.data().has_text()    ? spec.data().text().seq_len()
-                                                      : 256;
+  const int64_t seq_len = spec.model().has_tiny_gpt()  ? spec.model().tiny_gpt().seq_len()
+                          : spec.data().has_text()     ? spec.data().text().seq_len()
+                          : spec.data().has_tokens()   ? spec.data().tokens().seq_len() + 1
+                                                       : 256;
   const int64_t context = std::max<int64_t>(1, seq_len - 1);
   std::string out = options.prompt;
   try {

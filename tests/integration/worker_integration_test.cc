@@ -169,6 +169,65 @@ TEST_F(WorkerIntegrationTest, TorchScriptOnJsonl) {
   ASSERT_TRUE(c->optimizer.count("emb.exp_avg"));
 }
 
+// tiny_gpt on a uint16 token file (nanoGPT's train.bin) with ids up to 999: the model is
+// built with model.tiny_gpt.vocab_size rows, samples are seq_len + 1 ids (seq_len targets
+// each), and the loss falls. Catches: the model still byte-level (an index error on id 999),
+// a sample layout other than the documented one (the token count per window), the file not
+// read at all.
+TEST_F(WorkerIntegrationTest, TinyGptOnTokensFileWithLargerVocabulary) {
+  const std::string data = dir_ + "/train.bin";
+  {
+    // A fixed sequence of 40 ids spread over 0..999, repeated: learnable.
+    std::string bytes;
+    for (int i = 0; i < 40 * 60; ++i) {
+      const uint32_t id = (i % 40) * 25 + (i % 40 == 39 ? 24 : 0);  // 0, 25, ..., 999
+      bytes.push_back(static_cast<char>(id & 0xff));
+      bytes.push_back(static_cast<char>(id >> 8));
+    }
+    std::ofstream(data, std::ios::binary) << bytes;
+  }
+  const v1::Job job = Run(
+      absl::StrCat(
+          R"({"name":"tokens","model":{"tiny_gpt":{"n_layer":1,"n_head":2,"d_model":32,)",
+          R"("vocab_size":1000}},"data":{"tokens":{"path":")", data,
+          R"(","dtype":"uint16","seq_len":16},"shuffle":true},)",
+          R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+          R"("optimizer":{"adamw":{"lr":0.01}},"stop":{"max_updates":12}})"),
+      2);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
+  EXPECT_EQ(job.spec().model().tiny_gpt().seq_len(), 17);  // resolved: seq_len + 1
+  EXPECT_EQ(job.progress().dataset_samples(), (40 * 60 - 1) / 16);
+  absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id_);
+  ASSERT_TRUE(log.ok());
+  ASSERT_EQ(log->size(), 12u);
+  for (const v1::UpdateRecord& r : *log) {
+    EXPECT_EQ(r.outcome(), "commit");
+    EXPECT_EQ(r.global_valid_tokens(), 2 * 2 * 2 * 16);  // 8 samples × seq_len targets
+  }
+  // An untrained model over 1000 ids starts near ln(1000) ≈ 6.9 nats (ln(256) ≈ 5.5).
+  EXPECT_GT(log->front().loss(), 6.0);
+  EXPECT_LT(log->back().loss(), log->front().loss() * 0.8);
+}
+
+// A TorchScript model whose logits have fewer classes than the spec's vocab_size fails the
+// job with both numbers, instead of an index error deep in the loss (or silently, where the
+// ids happen to fit). Catches the spec and the model disagreeing unnoticed.
+TEST_F(WorkerIntegrationTest, TorchScriptVocabularyMismatchFailsTheJob) {
+  const std::string model = dir_ + "/lm.pt";
+  testing::WriteTinyTorchScript(model);  // 256 classes
+  const std::string data = dir_ + "/train.jsonl";
+  std::ofstream(data) << "{\"input_ids\":[1,2,3,4]}\n{\"input_ids\":[5,6,7]}\n";
+  const v1::Job job =
+      Run(absl::StrCat(R"({"model":{"torchscript":{"path":")", model,
+                       R"(","vocab_size":300}},"data":{"jsonl":{"path":")", data, R"("}}})"),
+          1, absl::Seconds(60));
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.message().find("the model returned logits over 256 token ids, but the spec's "
+                               "model.torchscript.vocab_size is 300"),
+            std::string::npos)
+      << job.message();
+}
+
 // A malformed JSONL line fails the job with file:line and the reason; workers exit, no hang.
 TEST_F(WorkerIntegrationTest, BadDataFailsJobWithFileAndLine) {
   const std::string data = dir_ + "/bad.jsonl";

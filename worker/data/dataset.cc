@@ -17,10 +17,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/env.h"
+#include "common/spec.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/data/random.h"
+#include "worker/data/tokens.h"
 
 namespace trainstep::data {
 namespace {
@@ -127,16 +129,17 @@ absl::Status CollectFiles(const std::string& field, const std::string& path,
 // What the model accepts: the vocabulary and, when the model declares one, the context.
 struct TokenLimits {
   int64_t vocab = 256;
-  std::string vocab_source = "model.tiny_gpt";  // for messages
+  std::string vocab_source;  // the field, for messages
   std::optional<int64_t> max_len;
 };
 
 TokenLimits LimitsOf(const v1::JobSpec& spec) {
   TokenLimits limits;
+  limits.vocab = ModelVocabSize(spec);
   if (spec.model().has_torchscript()) {
-    limits.vocab = spec.model().torchscript().vocab_size();
     limits.vocab_source = "model.torchscript.vocab_size";
   } else if (spec.model().has_tiny_gpt()) {
+    limits.vocab_source = "model.tiny_gpt.vocab_size";
     limits.max_len = spec.model().tiny_gpt().seq_len();
   }
   return limits;
@@ -160,7 +163,7 @@ absl::StatusOr<std::vector<Sample>> LoadText(const v1::JobSpec& spec) {
   std::string stream;
   for (const std::string& file : files) {
     ASSIGN_OR_RETURN(std::string bytes, Env::Default()->ReadFile(file));
-    if (limits.vocab < 256) {  // a TorchScript model with fewer ids than there are bytes
+    if (limits.vocab < 256) {  // a model with fewer ids than there are bytes
       for (size_t i = 0; i < bytes.size(); ++i) {
         const int token = static_cast<unsigned char>(bytes[i]);
         if (token >= limits.vocab) {
@@ -416,6 +419,17 @@ Dataset::Dataset(std::vector<Sample> samples, bool token_level)
       token_level_(token_level),
       fingerprint_(Fingerprint(samples_)) {}
 
+Dataset::Dataset(std::shared_ptr<const TokenFile> tokens)
+    : tokens_(std::move(tokens)), token_level_(true), fingerprint_(tokens_->Fingerprint()) {}
+
+int64_t Dataset::size() const {
+  return tokens_ != nullptr ? tokens_->samples() : static_cast<int64_t>(samples_.size());
+}
+
+Sample Dataset::at(int64_t i) const {
+  return tokens_ != nullptr ? tokens_->At(i) : samples_[static_cast<size_t>(i)];
+}
+
 Dataset Dataset::FromSamples(std::vector<Sample> samples) {
   const bool token_level = samples.empty() || !samples.front().input_ids.empty();
   return Dataset(std::move(samples), token_level);
@@ -436,11 +450,17 @@ absl::StatusOr<Dataset> Dataset::Load(const v1::JobSpec& resolved) {
       ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadSynthetic(resolved));
       return Dataset(std::move(samples), /*token_level=*/false);
     }
+    case v1::Data::kTokens: {
+      ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file,
+                       TokenFile::Open(data.tokens().path(), TokenFormatOf(resolved)));
+      return Dataset(std::shared_ptr<const TokenFile>(std::move(file)));
+    }
     case v1::Data::SOURCE_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      "data is required: one of text, jsonl, synthetic_regression (is the spec resolved?)");
+      "data is required: one of text, jsonl, synthetic_regression, tokens (is the spec "
+      "resolved?)");
 }
 
 }  // namespace trainstep::data

@@ -4,6 +4,7 @@
 #define TRAINSTEP_WORKER_DATA_DATASET_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,15 @@ struct Sample {
   std::vector<float> targets;
 };
 
+class TokenFile;
+
 // Tokens that enter a causal LM loss: labels[1:] that are not kIgnoreLabel. Position t
 // predicts labels[t+1], so labels[0] is never a target and a 1-token sample has none.
 int64_t ValidTokens(const Sample& s);
 
 // The samples of a job, in file order. Immutable after Load, so thread-safe; cheap to move,
-// expensive to copy (copying is allowed but rarely wanted).
+// expensive to copy (copying is allowed but rarely wanted). Samples are held in memory, or,
+// for data.tokens, cut on demand from a memory-mapped file (worker/data/tokens.h).
 class Dataset {
  public:
   // Loads the data of a RESOLVED spec (see ResolveJobSpec):
@@ -40,6 +44,8 @@ class Dataset {
   //     model.torchscript with vocab_size < 256 rejects bytes it has no id for.
   //   jsonl: one {"input_ids": [...], "labels": [...]} object a line; blank lines skipped;
   //     labels default to input_ids; other keys ignored.
+  //   tokens: data.tokens.path memory-mapped; sample i is the seq_len + 1 ids from id
+  //     i·seq_len on (see tokens.h); the whole file is checked against the vocabulary first.
   //   synthetic_regression: x ~ N(0, 1), y = W x + 0.1·sin(x₀), W ~ N(0, 1/in_features),
   //     from the spec's seed; sample i does not depend on data.synthetic_regression.samples.
   // Errors name the field or the file and line:
@@ -52,21 +58,24 @@ class Dataset {
   // has input_ids. The samples are not validated.
   static Dataset FromSamples(std::vector<Sample> samples);
 
-  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
-  // 0 ≤ i < size().
-  const Sample& at(int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  int64_t size() const;
+  // 0 ≤ i < size(). A copy: a token file's samples exist only as they are read.
+  Sample at(int64_t i) const;
   bool token_level() const { return token_level_; }
-  // 16 lowercase hex digits: FNV-1a 64 over every sample's content and lengths, in order.
+  // 16 lowercase hex digits: FNV-1a 64 over every sample's content and lengths, in order
+  // (a token file: XXH64 over every byte of it and its layout, TokenFile::Fingerprint).
   // Equal data ⇔ equal fingerprint (up to hash collisions); every worker reports it so the
   // coordinator can refuse a worker that read different files.
   const std::string& fingerprint() const { return fingerprint_; }
 
  private:
   Dataset(std::vector<Sample> samples, bool token_level);
+  explicit Dataset(std::shared_ptr<const TokenFile> tokens);
 
   std::vector<Sample> samples_;
+  std::shared_ptr<const TokenFile> tokens_;  // non-null iff the samples come from a token file
   bool token_level_ = true;
-  std::string fingerprint_;  // of samples_, computed once
+  std::string fingerprint_;  // of samples_ or tokens_, computed once
 };
 
 // Σ ValidTokens over the listed samples: a rank's n_r for BeginWindow, before any forward.

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec.h"
 #include "worker/models/model.h"
 #include "worker/torch_status.h"
 
@@ -64,7 +65,7 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// A byte-level (vocab 256) decoder-only transformer.
+// A decoder-only transformer over token ids 0..vocab-1 (256 by default: bytes).
 struct TinyGptImpl : torch::nn::Module {
   TinyGptImpl(const v1::TinyGpt& s, int64_t vocab) : seq_len(s.seq_len()) {
     tok_emb = register_module("tok_emb", torch::nn::Embedding(vocab, s.d_model()));
@@ -166,7 +167,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
   torch::manual_seed(resolved.seed());
   switch (m.kind_case()) {
     case v1::Model::kTinyGpt:
-      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), /*vocab=*/256)));
+      return std::unique_ptr<Model>(
+          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), ModelVocabSize(resolved))));
     case v1::Model::kMlp:
       return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp())));
     case v1::Model::kTorchscript: {

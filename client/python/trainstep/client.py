@@ -5,7 +5,6 @@ watch and logs, with the CLI's defaults (address, timeout, retries) and its erro
 (trainstep.errors). Thread-safe: one Client (one gRPC channel) may serve many threads.
 """
 
-import json
 import math
 import os
 import pathlib
@@ -33,29 +32,20 @@ DEFAULT_ADDRESS = "127.0.0.1:7070"
 # The coordinator's receive limit (common/worker_client.h kMaxMessageBytes).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-# The channel every trainstep client uses (common/worker_client.cc MakeChannel): keepalive
-# 30 s / 10 s, transparent retries of UNAVAILABLE, quick reconnection after a restart.
-_SERVICE_CONFIG = {
-    "methodConfig": [{
-        "name": [{"service": "trainstep.v1.WorkerService"}, {"service": "trainstep.v1.JobService"}],
-        "retryPolicy": {
-            "maxAttempts": 5,
-            "initialBackoff": "0.1s",
-            "maxBackoff": "2s",
-            "backoffMultiplier": 2,
-            "retryableStatusCodes": ["UNAVAILABLE"],
-        },
-    }]
-}
+# The channel of the C++ clients (common/worker_client.cc MakeChannel): keepalive 30 s /
+# 10 s, quick reconnection after a coordinator restart. Their service-config retry policy
+# (UNAVAILABLE, 5 attempts) is replaced by Client's own loop, which retries the same codes
+# until the call's timeout: inside the channel, retries that outlast the deadline end in
+# DEADLINE_EXCEEDED, and "not reachable" could not be told from "does not answer".
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30000),
     ("grpc.keepalive_timeout_ms", 10000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.enable_retries", 1),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.service_config", json.dumps(_SERVICE_CONFIG)),
+    ("grpc.enable_retries", 0),
 ]
 
 _ENDED = (_types.SUCCEEDED, _types.FAILED, _types.CANCELLED)
@@ -170,8 +160,9 @@ class Client:
         job. Like `trainstep job watch`:
           * a job that FAILED or was CANCELLED raises JobFailed / JobCancelled once every
             record was yielded (the exception's `job` holds the final job);
-          * a broken stream (a coordinator restart) is resumed for up to `timeout` seconds
-            after the last record seen, without repeating a record;
+          * a coordinator that cannot be reached, or a broken stream (a coordinator restart),
+            is retried for up to `timeout` seconds, resuming after the last record seen
+            without repeating one;
           * no_progress_timeout (seconds): raise NoProgress when the job shows neither a new
             state nor a new update for that long; None waits as long as the job runs.
         """
@@ -213,8 +204,9 @@ class Client:
                     if time.monotonic() - last_progress < no_progress_timeout:
                         continue  # progress since the stream started: resume
                     raise self._no_progress(job_id, job, no_progress_timeout) from None
-                broken = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-                if broken and job is not None:
+                # CANCELLED: the coordinator shut down under the stream (this client cancels
+                # only when the caller stops iterating, and then nothing is raised).
+                if code in _RETRYABLE or code == grpc.StatusCode.CANCELLED:
                     if broken_since is None:
                         broken_since = time.monotonic()
                     if time.monotonic() - broken_since < self.timeout:
@@ -267,19 +259,23 @@ class Client:
             f"{type(spec).__name__}")
 
     def _unary(self, method, request, submitting=False):
-        """One call within `timeout`, retrying UNAVAILABLE with backoff (the same request, so
-        the same request id) beyond the channel's own five attempts."""
+        """One call within `timeout`, retrying UNAVAILABLE with jittered exponential backoff
+        (0.1 s doubling to 2 s), resending the same request: the same request id."""
         rpc = getattr(self._stub, method)
         deadline = time.monotonic() + self.timeout
         delay = 0.1
+        unavailable = None  # the last UNAVAILABLE: why the time ran out, if it did
         while True:
             remaining = deadline - time.monotonic()
             try:
                 return rpc(request, timeout=max(remaining, 0.001))
             except grpc.RpcError as e:
+                if e.code() in _RETRYABLE:
+                    unavailable = e
+                elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and unavailable is not None:
+                    e = unavailable  # the deadline passed while retrying: still unreachable
                 pause = delay * random.uniform(0.5, 1.0)
-                if e.code() != grpc.StatusCode.UNAVAILABLE or \
-                        time.monotonic() + pause >= deadline:
+                if e.code() not in _RETRYABLE or time.monotonic() + pause >= deadline:
                     raise self._error(e, submitting) from None
             time.sleep(pause)
             delay = min(delay * 2, 2.0)

@@ -284,6 +284,48 @@ TEST(SpecTest, SeqLenDefaults) {
   EXPECT_EQ(jsonl.model().tiny_gpt().seq_len(), 256);
 }
 
+// A token file: the sample length and the tiny_gpt context follow each other (a sample is
+// seq_len + 1 tokens), the vocabulary defaults to bytes and is what the model is built with.
+TEST(SpecTest, TokensDefaults) {
+  constexpr char kTokens[] =
+      R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})";
+  const v1::JobSpec s = Resolve(kTokens);
+  ExpectFullyResolved(s);
+  EXPECT_EQ(s.data().tokens().path(), "/t.bin");
+  EXPECT_EQ(s.data().tokens().dtype(), v1::TokensData::uint16);
+  EXPECT_EQ(s.data().tokens().seq_len(), 128);
+  EXPECT_EQ(s.model().tiny_gpt().seq_len(), 129);  // seq_len + 1 tokens a sample
+  EXPECT_EQ(s.model().tiny_gpt().vocab_size(), 256);
+  EXPECT_EQ(ModelVocabSize(s), 256);
+  EXPECT_EQ(s.loss().normalization(), v1::Loss::tokens);
+  EXPECT_TRUE(IsTokenLevel(s));
+  EXPECT_TRUE(MessageDifferencer::Equals(*ResolveJobSpec(s), s));  // idempotent
+
+  const v1::JobSpec from_data = Resolve(
+      R"({"model":{"tiny_gpt":{"vocab_size":50304}},)"
+      R"("data":{"tokens":{"path":"/t.bin","dtype":"uint32","seq_len":64}}})");
+  EXPECT_EQ(from_data.model().tiny_gpt().seq_len(), 65);
+  EXPECT_EQ(ModelVocabSize(from_data), 50304);
+  // A model context shorter than the default sample: samples shrink to fit it.
+  const v1::JobSpec short_context = Resolve(
+      R"({"model":{"tiny_gpt":{"seq_len":64}},"data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
+  EXPECT_EQ(short_context.data().tokens().seq_len(), 63);
+  const v1::JobSpec long_context = Resolve(
+      R"({"model":{"tiny_gpt":{"seq_len":512}},"data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
+  EXPECT_EQ(long_context.data().tokens().seq_len(), 128);
+  const v1::JobSpec torchscript = Resolve(
+      R"({"model":{"torchscript":{"path":"/m.pt","vocab_size":1000}},)"
+      R"("data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
+  ExpectFullyResolved(torchscript);
+  EXPECT_EQ(ModelVocabSize(torchscript), 1000);
+  EXPECT_EQ(ModelVocabSize(Resolve(kRegression)), 0);
+
+  // A spec resolved before vocab_size existed (an older coordinator's journal) means bytes.
+  v1::JobSpec old = s;
+  old.mutable_model()->mutable_tiny_gpt()->clear_vocab_size();
+  EXPECT_EQ(ModelVocabSize(old), 256);
+}
+
 // SGD, the warmup schedules and fp16 fill their own defaults.
 TEST(SpecTest, OptimizerScheduleAndScalerDefaults) {
   const v1::JobSpec sgd = Resolve(Text(R"("optimizer":{"sgd":{}})"));
@@ -362,11 +404,12 @@ std::vector<RuleCase> RuleCases() {
        "model.mlp needs data.synthetic_regression, got data.text"},
       // A language model fed with regression data.
       {"TinyGptOnRegression", R"({"model":{"tiny_gpt":{}},"data":{"synthetic_regression":{}}})",
-       "model.tiny_gpt needs data.text or data.jsonl, got data.synthetic_regression"},
+       "model.tiny_gpt needs data.text, data.jsonl or data.tokens, got data.synthetic_regression"},
       // A TorchScript language model fed with regression data.
       {"TorchScriptOnRegression",
        R"({"model":{"torchscript":{"path":"/m.pt"}},"data":{"synthetic_regression":{}}})",
-       "model.torchscript needs data.text or data.jsonl, got data.synthetic_regression"},
+       "model.torchscript needs data.text, data.jsonl or data.tokens, got "
+       "data.synthetic_regression"},
       // Zero layers.
       {"TinyGptNoLayers",
        R"({"model":{"tiny_gpt":{"n_layer":0}},"data":{"text":{"paths":["/c"]}}})",
@@ -409,6 +452,14 @@ std::vector<RuleCase> RuleCases() {
       {"TorchScriptNoPath", R"({"model":{"torchscript":{}},"data":{"jsonl":{"path":"/d"}}})",
        "model.torchscript.path is required: the TorchScript file whose forward(input_ids) "
        "returns logits, got \"\""},
+      // A one-token vocabulary for the built-in model.
+      {"TinyGptVocabTooSmall",
+       R"({"model":{"tiny_gpt":{"vocab_size":1}},"data":{"jsonl":{"path":"/d"}}})",
+       "model.tiny_gpt.vocab_size must be ≥ 2, got 1"},
+      // A vocabulary no tiny model has room for.
+      {"TinyGptVocabTooLarge",
+       R"({"model":{"tiny_gpt":{"vocab_size":1000001}},"data":{"jsonl":{"path":"/d"}}})",
+       "model.tiny_gpt.vocab_size must be ≤ 1000000, got 1000001"},
       // A one-token vocabulary.
       {"TorchScriptVocabTooSmall",
        R"({"model":{"torchscript":{"path":"/m.pt","vocab_size":1}},"data":{"jsonl":{"path":"/d"}}})",
@@ -416,13 +467,43 @@ std::vector<RuleCase> RuleCases() {
 
       // Forgot the data.
       {"DataMissing", R"({"model":{"tiny_gpt":{}}})",
-       "data is required: one of text, jsonl, synthetic_regression"},
+       "data is required: one of text, jsonl, synthetic_regression, tokens"},
       // Chose text and listed no files.
       {"TextNoPaths", R"({"model":{"tiny_gpt":{}},"data":{"text":{}}})",
        "data.text.paths must list at least one file or directory, got []"},
       // An empty string in the file list.
       {"TextEmptyPath", R"({"model":{"tiny_gpt":{}},"data":{"text":{"paths":["/c",""]}}})",
        "data.text.paths[1] must not be empty, got \"\""},
+      // Chose a token file and named none.
+      {"TokensNoPath", R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"dtype":"uint16"}}})",
+       "data.tokens.path is required: a flat file of little-endian token ids (nanoGPT's "
+       "train.bin), got \"\""},
+      // No dtype: guessing one would misread every id.
+      {"TokensNoDtype", R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"path":"/t.bin"}}})",
+       "data.tokens.dtype is required: uint16, uint32 (the width of the ids in the file; no "
+       "default, since ids read with the wrong width are silently wrong)"},
+      // A dtype given as a number that names none.
+      {"TokensDtypeUnknownNumber",
+       R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"path":"/t.bin","dtype":7}}})",
+       "data.tokens.dtype must be one of uint16, uint32, got 7"},
+      // seq_len 0 would make samples of one token: nothing to predict.
+      {"TokensSeqLenZero",
+       R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16","seq_len":0}}})",
+       "data.tokens.seq_len must be ≥ 1, got 0"},
+      // Longer than any model context (65536) once the extra token is added.
+      {"TokensSeqLenTooLong",
+       R"({"model":{"torchscript":{"path":"/m.pt"}},)"
+       R"("data":{"tokens":{"path":"/t.bin","dtype":"uint32","seq_len":65536}}})",
+       "data.tokens.seq_len must be ≤ 65535, got 65536"},
+      // A sample (seq_len + 1 tokens) longer than the model's context.
+      {"TokensLongerThanContext",
+       R"({"model":{"tiny_gpt":{"seq_len":64}},)"
+       R"("data":{"tokens":{"path":"/t.bin","dtype":"uint16","seq_len":64}}})",
+       "data.tokens.seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens "
+       "and must fit the model's context), got 64 and 64"},
+      // An mlp fed with a token file.
+      {"MlpOnTokens", R"({"model":{"mlp":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})",
+       "model.mlp needs data.synthetic_regression, got data.tokens"},
       // A sample length beyond the limit.
       {"TextSeqLenTooLong",
        R"({"model":{"tiny_gpt":{}},"data":{"text":{"paths":["/c"],"seq_len":70000}}})",
@@ -475,7 +556,7 @@ std::vector<RuleCase> RuleCases() {
 
       // Token normalization asked for sample-level data.
       {"TokensOnRegression", Regression(R"("loss":{"normalization":"tokens"})"),
-       "loss.normalization tokens needs token data (data.text or data.jsonl); "
+       "loss.normalization tokens needs token data (data.text, data.jsonl or data.tokens); "
        "synthetic_regression is sample-level: use samples"},
       // Sample normalization asked for text (short samples would be up-weighted).
       {"SamplesOnText", Text(R"("loss":{"normalization":"samples"})"),
@@ -486,6 +567,12 @@ std::vector<RuleCase> RuleCases() {
        R"({"model":{"tiny_gpt":{}},"data":{"jsonl":{"path":"/d"}},"loss":{"normalization":"samples"}})",
        "loss.normalization samples needs sample data (data.synthetic_regression); "
        "jsonl is token-level: use tokens"},
+      // Sample normalization asked for a token file.
+      {"SamplesOnTokens",
+       R"({"model":{"tiny_gpt":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}},)"
+       R"("loss":{"normalization":"samples"}})",
+       "loss.normalization samples needs sample data (data.synthetic_regression); "
+       "tokens is token-level: use tokens"},
       // A normalization given as a number that names none.
       {"NormalizationUnknownNumber", Text(R"("loss":{"normalization":4})"),
        "loss.normalization must be one of tokens, samples, microbatch_mean, got 4"},
@@ -688,6 +775,9 @@ std::vector<RuleCase> ParseErrorCases() {
        "growth_factor, backoff_factor, growth_interval, hysteresis, min_scale"},
       // A precision that does not exist.
       {"BadEnum", R"({"precision":"fp8"})", R"(precision: "fp8" is not one of fp32, bf16, fp16)"},
+      // A token width that does not exist.
+      {"BadTokensDtype", R"({"data":{"tokens":{"dtype":"int8"}}})",
+       R"(data.tokens.dtype: "int8" is not one of uint16, uint32)"},
       // Enum names are case-sensitive.
       {"BadEnumCase", R"({"batch":{"tail":"Drop"}})",
        R"(batch.tail: "Drop" is not one of dynamic, drop)"},
@@ -697,7 +787,7 @@ std::vector<RuleCase> ParseErrorCases() {
       // A stray newline inside a key: shown escaped.
       {"UnknownFieldWithNewline", R"({"data":{"shuf\nfle":true}})",
        R"(data."shuf\u000afle": unknown field; data accepts: text, jsonl, synthetic_regression, )"
-       R"(shuffle)"},
+       R"(tokens, shuffle)"},
       // An enum given as a boolean.
       {"EnumWrongType", R"({"precision":true})",
        "precision: expected one of fp32, bf16, fp16, got true"},

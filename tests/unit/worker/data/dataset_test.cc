@@ -299,6 +299,20 @@ TEST(JsonlDatasetTest, TorchScriptVocabularyAndNoLengthLimit) {
                          "(model.torchscript.vocab_size)"));
 }
 
+// Catches model.tiny_gpt.vocab_size ignored by the data check (bytes assumed), so a larger
+// vocabulary could not train, or a smaller one let ids through that the model has no row for.
+TEST(JsonlDatasetTest, TinyGptVocabularyIsTheLimit) {
+  TempDir dir;
+  const std::string f = dir.Write("t.jsonl", "{\"input_ids\": [999, 3]}\n");
+  absl::StatusOr<Dataset> d = Dataset::Load(JsonlSpec(f, R"({"tiny_gpt":{"vocab_size":1000}})"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->at(0).input_ids, ElementsAre(999, 3));
+  EXPECT_EQ(Dataset::Load(JsonlSpec(f, R"({"tiny_gpt":{"vocab_size":999}})")).status().message(),
+            absl::StrCat(f,
+                         ":1: input_ids[0] is 999, not a token id in 0..998 "
+                         "(model.tiny_gpt.vocab_size)"));
+}
+
 // Catches a JSONL error that does not name the file and line, or a bad sample accepted
 // (each case puts the bad sample on line 3, after a good line and a blank one).
 TEST(JsonlDatasetTest, EveryErrorNamesFileAndLine) {
@@ -315,15 +329,15 @@ TEST(JsonlDatasetTest, EveryErrorNamesFileAndLine) {
       {R"({"input_ids": [1, "2"]})", R"(input_ids[1] must be an integer, got the string "2")"},
       {R"({"input_ids": [1, null]})", "input_ids[1] must be an integer, got null"},
       {R"({"input_ids": [1, 256]})",
-       "input_ids[1] is 256, not a token id in 0..255 (model.tiny_gpt)"},
+       "input_ids[1] is 256, not a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [-1, 2]})",
-       "input_ids[0] is -1, not a token id in 0..255 (model.tiny_gpt)"},
+       "input_ids[0] is -1, not a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [-100, 2]})",
-       "input_ids[0] is -100, not a token id in 0..255 (model.tiny_gpt)"},
+       "input_ids[0] is -100, not a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [1, -5]})",
-       "labels[1] is -5: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt)"},
+       "labels[1] is -5: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [256, 2]})",
-       "labels[0] is 256: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt)"},
+       "labels[0] is 256: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [1, 2.5]})", "labels[1] must be an integer, got 2.5"},
       {R"({"input_ids": [1, 2], "labels": 3})", "labels must be a list of token ids, got 3"},
       {R"({"input_ids": [1, 2, 3], "labels": [1, 2]})", "labels has 2 entries, input_ids 3"},
