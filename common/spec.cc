@@ -526,8 +526,8 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
       t.set_seq_len(data.text().has_seq_len() ? data.text().seq_len() : kDefaultTextSeqLen);
     } else if (data.has_tokens()) {
       // A tokens sample is seq_len + 1 tokens; checked where data.tokens.seq_len is resolved.
-      const int64_t tokens = data.tokens().has_seq_len() ? data.tokens().seq_len()
-                                                         : kDefaultTextSeqLen;
+      const int64_t tokens =
+          data.tokens().has_seq_len() ? data.tokens().seq_len() : kDefaultTextSeqLen;
       t.set_seq_len(static_cast<int32_t>(std::min<int64_t>(tokens + 1, 65536)));
     } else {
       t.set_seq_len(256);
@@ -573,10 +573,10 @@ absl::Status ResolveTokens(const v1::JobSpec& in, v1::TokensData& tokens) {
         "train.bin), got \"\"");
   }
   if (tokens.dtype() == v1::TokensData::DTYPE_UNSPECIFIED) {
-    return Invalid(absl::StrCat("data.tokens.dtype is required: ",
-                                EnumChoices(v1::TokensData::Dtype_descriptor()),
-                                " (the width of the ids in the file; no default, since ids read "
-                                "with the wrong width are silently wrong)"));
+    return Invalid(absl::StrCat(
+        "data.tokens.dtype is required: ", EnumChoices(v1::TokensData::Dtype_descriptor()),
+        " (the width of the ids in the file; no default, since ids read "
+        "with the wrong width are silently wrong)"));
   }
   RETURN_IF_ERROR(
       KnownEnum("data.tokens.dtype", v1::TokensData::Dtype_descriptor(), tokens.dtype()));
@@ -680,15 +680,13 @@ absl::Status ResolveLoss(v1::JobSpec& out) {
   RETURN_IF_ERROR(
       KnownEnum("loss.normalization", v1::Loss::Normalization_descriptor(), loss.normalization()));
   if (loss.normalization() == v1::Loss::tokens && !token_level) {
-    return Invalid(
-        absl::StrCat("loss.normalization tokens needs token data (", kTokenSources,
-                     "); synthetic_regression is sample-level: use samples"));
+    return Invalid(absl::StrCat("loss.normalization tokens needs token data (", kTokenSources,
+                                "); synthetic_regression is sample-level: use samples"));
   }
   if (loss.normalization() == v1::Loss::samples && token_level) {
-    return Invalid(
-        absl::StrCat("loss.normalization samples needs sample data (data.synthetic_regression); ",
-                     absl::StripPrefix(DataKind(out.data()), "data."),
-                     " is token-level: use tokens"));
+    return Invalid(absl::StrCat(
+        "loss.normalization samples needs sample data (data.synthetic_regression); ",
+        absl::StripPrefix(DataKind(out.data()), "data."), " is token-level: use tokens"));
   }
   return absl::OkStatus();
 }

@@ -44,8 +44,7 @@ inline uint64_t MergeRound(uint64_t acc, uint64_t value) {
 
 }  // namespace
 
-Xxh64::Xxh64(uint64_t seed)
-    : seed_(seed), acc_{seed + kP1 + kP2, seed + kP2, seed, seed - kP1} {}
+Xxh64::Xxh64(uint64_t seed) : seed_(seed), acc_{seed + kP1 + kP2, seed + kP2, seed, seed - kP1} {}
 
 void Xxh64::Update(std::string_view data) {
   const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());

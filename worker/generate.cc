@@ -55,10 +55,10 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec));
   // Samples of seq_len tokens train predictions at positions 0..seq_len-2 only (the last
   // position has no next token), so generation never reads the untrained last position.
-  const int64_t seq_len = spec.model().has_tiny_gpt()  ? spec.model().tiny_gpt().seq_len()
-                          : spec.data().has_text()     ? spec.data().text().seq_len()
-                          : spec.data().has_tokens()   ? spec.data().tokens().seq_len() + 1
-                                                       : 256;
+  const int64_t seq_len = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len()
+                          : spec.data().has_text()    ? spec.data().text().seq_len()
+                          : spec.data().has_tokens()  ? spec.data().tokens().seq_len() + 1
+                                                      : 256;
   const int64_t context = std::max<int64_t>(1, seq_len - 1);
   std::string out = options.prompt;
   try {

@@ -186,14 +186,14 @@ TEST_F(WorkerIntegrationTest, TinyGptOnTokensFileWithLargerVocabulary) {
     }
     std::ofstream(data, std::ios::binary) << bytes;
   }
-  const v1::Job job = Run(
-      absl::StrCat(
-          R"({"name":"tokens","model":{"tiny_gpt":{"n_layer":1,"n_head":2,"d_model":32,)",
-          R"("vocab_size":1000}},"data":{"tokens":{"path":")", data,
-          R"(","dtype":"uint16","seq_len":16},"shuffle":true},)",
-          R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
-          R"("optimizer":{"adamw":{"lr":0.01}},"stop":{"max_updates":12}})"),
-      2);
+  const v1::Job job =
+      Run(absl::StrCat(
+              R"({"name":"tokens","model":{"tiny_gpt":{"n_layer":1,"n_head":2,"d_model":32,)",
+              R"("vocab_size":1000}},"data":{"tokens":{"path":")", data,
+              R"(","dtype":"uint16","seq_len":16},"shuffle":true},)",
+              R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+              R"("optimizer":{"adamw":{"lr":0.01}},"stop":{"max_updates":12}})"),
+          2);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
   EXPECT_EQ(job.spec().model().tiny_gpt().seq_len(), 17);  // resolved: seq_len + 1
   EXPECT_EQ(job.progress().dataset_samples(), (40 * 60 - 1) / 16);

@@ -16,7 +16,8 @@ MicroBatch Collate(const Dataset& data, const std::vector<int64_t>& indices) {
     samples.reserve(indices.size());
     for (int64_t i : indices) {
       samples.push_back(data.at(i));
-      mb.length = std::max<int64_t>(mb.length, static_cast<int64_t>(samples.back().input_ids.size()));
+      mb.length =
+          std::max<int64_t>(mb.length, static_cast<int64_t>(samples.back().input_ids.size()));
     }
     const size_t cells = static_cast<size_t>(mb.rows * mb.length);
     mb.input_ids.assign(cells, 0);

@@ -56,16 +56,16 @@ absl::StatusOr<TokenFileSummary> ScanTokenBytes(std::string_view name, std::stri
                                                 const TokenFileFormat& format) {
   const absl::string_view file(name.data(), name.size());  // Debian's Abseil: its own type
   if ((format.width != 2 && format.width != 4) || format.seq_len < 1 || format.vocab < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": no such token layout: ", format.width, "-byte ids, seq_len ", format.seq_len,
-        ", vocabulary ", format.vocab, " (is the spec resolved?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": no such token layout: ", format.width, "-byte ids, seq_len ",
+                     format.seq_len, ", vocabulary ", format.vocab, " (is the spec resolved?)"));
   }
   const size_t width = static_cast<size_t>(format.width);
   if (bytes.size() % width != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": its size, ", bytes.size(), " bytes, is not a multiple of ", width,
-        " (data.tokens.dtype ", DtypeName(format.width),
-        "): the file is truncated, or its ids are not ", DtypeName(format.width)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": its size, ", bytes.size(), " bytes, is not a multiple of ", width,
+                     " (data.tokens.dtype ", DtypeName(format.width),
+                     "): the file is truncated, or its ids are not ", DtypeName(format.width)));
   }
   TokenFileSummary s;
   s.tokens = static_cast<int64_t>(bytes.size() / width);
@@ -88,16 +88,16 @@ absl::StatusOr<TokenFileSummary> ScanTokenBytes(std::string_view name, std::stri
       for (int64_t k = from; k < to; ++k) {
         const uint32_t id = IdAt(p, format.width, k);
         if (id >= format.vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              file, ": token ", k, " (byte offset ", k * format.width, ") is ", id,
-              ", not a token id in 0..", format.vocab - 1, " (", format.vocab_source, " ",
-              format.vocab, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(file, ": token ", k, " (byte offset ", k * format.width, ") is ", id,
+                           ", not a token id in 0..", format.vocab - 1, " (", format.vocab_source,
+                           " ", format.vocab, ")"));
         }
       }
     }
     max_id = std::max(max_id, block_max);
-    hash.Update(bytes.substr(static_cast<size_t>(from) * width,
-                             static_cast<size_t>(to - from) * width));
+    hash.Update(
+        bytes.substr(static_cast<size_t>(from) * width, static_cast<size_t>(to - from) * width));
   }
   s.max_id = max_id;
   s.content_hash = hash.Digest();
@@ -148,9 +148,8 @@ absl::StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& pa
     if (m == MAP_FAILED) {
       const int e = errno;
       close(fd);
-      return absl::Status(absl::ErrnoToStatusCode(e),
-                          absl::StrCat("data.tokens.path: cannot map ", path, ": ",
-                                       std::strerror(e)));
+      return absl::Status(absl::ErrnoToStatusCode(e), absl::StrCat("data.tokens.path: cannot map ",
+                                                                   path, ": ", std::strerror(e)));
     }
     data = static_cast<const char*>(m);
   }
@@ -174,7 +173,8 @@ std::string TokenFile::Fingerprint() const {
   const int64_t layout[] = {format_.width, format_.seq_len, static_cast<int64_t>(size_)};
   for (int64_t v : layout) {
     unsigned char b[8];
-    for (int k = 0; k < 8; ++k) b[k] = static_cast<unsigned char>(static_cast<uint64_t>(v) >> 8 * k);
+    for (int k = 0; k < 8; ++k)
+      b[k] = static_cast<unsigned char>(static_cast<uint64_t>(v) >> 8 * k);
     h.Update(std::string_view(reinterpret_cast<const char*>(b), 8));
   }
   return absl::StrFormat("%016x", h.Digest());

@@ -301,9 +301,9 @@ TEST(SpecTest, TokensDefaults) {
   EXPECT_TRUE(IsTokenLevel(s));
   EXPECT_TRUE(MessageDifferencer::Equals(*ResolveJobSpec(s), s));  // idempotent
 
-  const v1::JobSpec from_data = Resolve(
-      R"({"model":{"tiny_gpt":{"vocab_size":50304}},)"
-      R"("data":{"tokens":{"path":"/t.bin","dtype":"uint32","seq_len":64}}})");
+  const v1::JobSpec from_data =
+      Resolve(R"({"model":{"tiny_gpt":{"vocab_size":50304}},)"
+              R"("data":{"tokens":{"path":"/t.bin","dtype":"uint32","seq_len":64}}})");
   EXPECT_EQ(from_data.model().tiny_gpt().seq_len(), 65);
   EXPECT_EQ(ModelVocabSize(from_data), 50304);
   // A model context shorter than the default sample: samples shrink to fit it.
@@ -313,9 +313,9 @@ TEST(SpecTest, TokensDefaults) {
   const v1::JobSpec long_context = Resolve(
       R"({"model":{"tiny_gpt":{"seq_len":512}},"data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
   EXPECT_EQ(long_context.data().tokens().seq_len(), 128);
-  const v1::JobSpec torchscript = Resolve(
-      R"({"model":{"torchscript":{"path":"/m.pt","vocab_size":1000}},)"
-      R"("data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
+  const v1::JobSpec torchscript =
+      Resolve(R"({"model":{"torchscript":{"path":"/m.pt","vocab_size":1000}},)"
+              R"("data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
   ExpectFullyResolved(torchscript);
   EXPECT_EQ(ModelVocabSize(torchscript), 1000);
   EXPECT_EQ(ModelVocabSize(Resolve(kRegression)), 0);
@@ -502,7 +502,8 @@ std::vector<RuleCase> RuleCases() {
        "data.tokens.seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens "
        "and must fit the model's context), got 64 and 64"},
       // An mlp fed with a token file.
-      {"MlpOnTokens", R"({"model":{"mlp":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})",
+      {"MlpOnTokens",
+       R"({"model":{"mlp":{}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})",
        "model.mlp needs data.synthetic_regression, got data.tokens"},
       // A sample length beyond the limit.
       {"TextSeqLenTooLong",

@@ -335,9 +335,11 @@ TEST(JsonlDatasetTest, EveryErrorNamesFileAndLine) {
       {R"({"input_ids": [-100, 2]})",
        "input_ids[0] is -100, not a token id in 0..255 (model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [1, -5]})",
-       "labels[1] is -5: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt.vocab_size)"},
+       "labels[1] is -5: must be -100 (not trained) or a token id in 0..255 "
+       "(model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [256, 2]})",
-       "labels[0] is 256: must be -100 (not trained) or a token id in 0..255 (model.tiny_gpt.vocab_size)"},
+       "labels[0] is 256: must be -100 (not trained) or a token id in 0..255 "
+       "(model.tiny_gpt.vocab_size)"},
       {R"({"input_ids": [1, 2], "labels": [1, 2.5]})", "labels[1] must be an integer, got 2.5"},
       {R"({"input_ids": [1, 2], "labels": 3})", "labels must be a list of token ids, got 3"},
       {R"({"input_ids": [1, 2, 3], "labels": [1, 2]})", "labels has 2 entries, input_ids 3"},

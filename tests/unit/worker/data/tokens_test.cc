@@ -63,8 +63,8 @@ std::vector<uint32_t> Iota(uint32_t n, uint32_t first = 0) {
 v1::JobSpec Spec(const std::string& path, const std::string& dtype, int seq_len,
                  const std::string& model = R"({"tiny_gpt":{"vocab_size":100000}})") {
   absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(
-      absl::StrCat(R"({"model":)", model, R"(,"data":{"tokens":{"path":")", path,
-                   R"(","dtype":")", dtype, R"(","seq_len":)", seq_len, "}}}"));
+      absl::StrCat(R"({"model":)", model, R"(,"data":{"tokens":{"path":")", path, R"(","dtype":")",
+                   dtype, R"(","seq_len":)", seq_len, "}}}"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? *spec : v1::JobSpec();
 }
@@ -198,9 +198,8 @@ TEST(TokensDatasetTest, MissingFileAndDirectory) {
             absl::StrCat("data.tokens.path: ", dir.path(), "/nope.bin does not exist"));
   absl::StatusOr<Dataset> directory = Dataset::Load(Spec(dir.path(), "uint16", 4));
   EXPECT_EQ(directory.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(directory.status().message(),
-            absl::StrCat("data.tokens.path: ", dir.path(),
-                         " is a directory, not a file of token ids"));
+  EXPECT_EQ(directory.status().message(), absl::StrCat("data.tokens.path: ", dir.path(),
+                                                       " is a directory, not a file of token ids"));
 }
 
 // Catches a fingerprint that misses part of the file (here the tail after the last sample,
@@ -244,9 +243,8 @@ TEST(TokensScanTest, PureFunctionOverBytes) {
   EXPECT_EQ(s->max_id, 999);
   EXPECT_THAT(TokenSampleAt(bytes, f, 1).input_ids, ElementsAre(3, 4, 999));
 
-  for (const auto& [width, seq_len, vocab] :
-       std::vector<std::tuple<int, int64_t, int64_t>>{{3, 2, 10}, {2, 0, 10}, {4, -1, 10},
-                                                      {2, 2, 0}}) {
+  for (const auto& [width, seq_len, vocab] : std::vector<std::tuple<int, int64_t, int64_t>>{
+           {3, 2, 10}, {2, 0, 10}, {4, -1, 10}, {2, 2, 0}}) {
     TokenFileFormat bad;
     bad.width = width;
     bad.seq_len = seq_len;
