@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-torch
   debootstrap  # the Debian 13 root of `make check-gpu-build`
+  python3-grpcio python3-protobuf  # the Python client (client/python) and its tests
 )
 
 missing=()

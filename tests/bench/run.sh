@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every benchmark (`make bench`): the coordinator's (step machine, loopback window round
-# trip) and the worker's (trainstep W=2 vs a plain LibTorch loop vs PyTorch DDP), keeps their
-# console output, and ends with one summary. Builds nothing: run `make build` first.
+# trip), the token-file check (tokens_bench) and the worker's (trainstep W=2 vs a plain
+# LibTorch loop vs PyTorch DDP), keeps their console output, and ends with one summary.
+# Builds nothing: run `make build` first.
 # BUILD_DIR (default build) picks the build; extra arguments go to the worker benchmark
 # (tests/bench/worker/worker_bench.py --help). See BENCHMARKS.md.
 set -uo pipefail
@@ -35,7 +36,7 @@ run_bench() {
 printf 'trainstep benchmarks: %s, nproc %s, %s, load %s\n' "$(date -u +%FT%TZ)" "$(nproc)" \
   "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" "$(cut -d' ' -f1-3 /proc/loadavg)"
 
-for b in step_machine_bench loopback_bench; do
+for b in step_machine_bench loopback_bench tokens_bench; do
   if [ -x "$BUILD_DIR/bench/$b" ]; then
     if run_bench "$b" "$LOG_DIR/$b.log" "$BUILD_DIR/bench/$b"; then
       # Google Benchmark rows: name and user counters.

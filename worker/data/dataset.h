@@ -17,7 +17,7 @@ namespace trainstep::data {
 // cross_entropy(ignore_index=-100).
 inline constexpr int32_t kIgnoreLabel = -100;
 
-// One training example. Token-level data (text, jsonl) fills input_ids and labels (same
+// One training example. Token-level data (text, jsonl, tokens) fills input_ids and labels (same
 // length ≥ 1); sample-level data (synthetic_regression) fills features and targets.
 struct Sample {
   std::vector<int32_t> input_ids;

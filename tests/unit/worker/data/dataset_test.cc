@@ -15,6 +15,7 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/data/temp_dir.h"
 #include "worker/data/collate.h"
 #include "worker/data/random.h"
 
@@ -25,30 +26,6 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-// A fresh directory under /tmp, removed with everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/trainstep_data_test_XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  // Writes `content` to path()/relative, creating parent directories; returns the full path.
-  std::string Write(const std::string& relative, const std::string& content) const {
-    const fs::path full = fs::path(path_) / relative;
-    fs::create_directories(full.parent_path());
-    std::ofstream(full, std::ios::binary) << content;
-    return full.string();
-  }
-
- private:
-  std::string path_;
-};
 
 v1::JobSpec Resolve(const std::string& json) {
   absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(json);

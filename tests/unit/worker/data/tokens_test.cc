@@ -12,6 +12,7 @@
 #include "common/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/data/temp_dir.h"
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
 
@@ -21,28 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
-
-// A fresh directory under /tmp, removed with everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/trainstep_tokens_test_XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string Write(const std::string& name, const std::string& bytes) const {
-    const std::string full = (fs::path(path_) / name).string();
-    std::ofstream(full, std::ios::binary) << bytes;
-    return full;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // `ids` as little-endian integers `width` bytes wide: the file nanoGPT's prepare.py writes
 // with numpy (np.uint16 / np.uint32 .tofile()).
