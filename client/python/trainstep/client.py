@@ -33,10 +33,11 @@ DEFAULT_ADDRESS = "127.0.0.1:7070"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 # The channel of the C++ clients (common/worker_client.cc MakeChannel): keepalive 30 s /
-# 10 s, quick reconnection after a coordinator restart. Their service-config retry policy
-# (UNAVAILABLE, 5 attempts) is replaced by Client's own loop, which retries the same codes
-# until the call's timeout: inside the channel, retries that outlast the deadline end in
-# DEADLINE_EXCEEDED, and "not reachable" could not be told from "does not answer".
+# 10 s, quick reconnection after a coordinator restart, gRPC's transparent retries (on by
+# default). Their service-config retry policy (UNAVAILABLE, 5 attempts) is replaced by
+# Client's own loop, which retries the same codes until the call's timeout: inside the
+# channel, retries that outlast the deadline end in DEADLINE_EXCEEDED, and "not reachable"
+# could not be told from "does not answer".
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30000),
@@ -45,7 +46,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.enable_retries", 0),
 ]
 
 _ENDED = (_types.SUCCEEDED, _types.FAILED, _types.CANCELLED)
