@@ -970,4 +970,10 @@ int64_t ModelVocabSize(const v1::JobSpec& resolved) {
   return 0;
 }
 
+std::string ModelVocabSizeField(const v1::JobSpec& resolved) {
+  if (resolved.model().has_tiny_gpt()) return "model.tiny_gpt.vocab_size";
+  if (resolved.model().has_torchscript()) return "model.torchscript.vocab_size";
+  return "";
+}
+
 }  // namespace trainstep

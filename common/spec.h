@@ -57,6 +57,8 @@ bool IsTokenLevel(const v1::JobSpec& resolved);
 // The token ids a language model accepts: model.tiny_gpt.vocab_size or
 // model.torchscript.vocab_size (0 for mlp). The one place the model's vocabulary is read.
 int64_t ModelVocabSize(const v1::JobSpec& resolved);
+// That field's path, for messages: "model.tiny_gpt.vocab_size" ("" for mlp).
+std::string ModelVocabSizeField(const v1::JobSpec& resolved);
 
 }  // namespace trainstep
 

@@ -65,10 +65,10 @@ absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double mul
     }
     // The data's ids were checked against the spec's vocabulary: the model must have as many.
     if (token_level_ && output.size(2) != ModelVocabSize(spec_)) {
-      throw std::runtime_error(absl::StrCat(
-          "the model returned logits over ", output.size(2), " token ids, but the spec's ",
-          spec_.model().has_torchscript() ? "model.torchscript.vocab_size" : "vocab_size", " is ",
-          ModelVocabSize(spec_), ": set it to the model's vocabulary"));
+      throw std::runtime_error(
+          absl::StrCat("the model returned logits over ", output.size(2),
+                       " token ids, but the spec's ", ModelVocabSizeField(spec_), " is ",
+                       ModelVocabSize(spec_), ": set it to the model's vocabulary"));
     }
     at::Tensor loss = LossSum(output, t, token_level_);
     loss_sum = loss.item<double>();

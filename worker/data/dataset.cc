@@ -136,12 +136,8 @@ struct TokenLimits {
 TokenLimits LimitsOf(const v1::JobSpec& spec) {
   TokenLimits limits;
   limits.vocab = ModelVocabSize(spec);
-  if (spec.model().has_torchscript()) {
-    limits.vocab_source = "model.torchscript.vocab_size";
-  } else if (spec.model().has_tiny_gpt()) {
-    limits.vocab_source = "model.tiny_gpt.vocab_size";
-    limits.max_len = spec.model().tiny_gpt().seq_len();
-  }
+  limits.vocab_source = ModelVocabSizeField(spec);
+  if (spec.model().has_tiny_gpt()) limits.max_len = spec.model().tiny_gpt().seq_len();
   return limits;
 }
 

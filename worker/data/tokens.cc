@@ -47,8 +47,7 @@ TokenFileFormat TokenFormatOf(const v1::JobSpec& resolved) {
   f.width = tokens.dtype() == v1::TokensData::uint32 ? 4 : 2;
   f.seq_len = tokens.seq_len();
   f.vocab = ModelVocabSize(resolved);
-  f.vocab_source = resolved.model().has_torchscript() ? "model.torchscript.vocab_size"
-                                                      : "model.tiny_gpt.vocab_size";
+  f.vocab_source = ModelVocabSizeField(resolved);
   return f;
 }
 

@@ -318,6 +318,8 @@ TEST(SpecTest, TokensDefaults) {
               R"("data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
   ExpectFullyResolved(torchscript);
   EXPECT_EQ(ModelVocabSize(torchscript), 1000);
+  EXPECT_EQ(ModelVocabSizeField(torchscript), "model.torchscript.vocab_size");
+  EXPECT_EQ(ModelVocabSizeField(s), "model.tiny_gpt.vocab_size");
   EXPECT_EQ(ModelVocabSize(Resolve(kRegression)), 0);
 
   // A spec resolved before vocab_size existed (an older coordinator's journal) means bytes.
