@@ -7,6 +7,7 @@ error with the CLI's message and exit code.
 import json
 import os
 import pathlib
+import shutil
 import socket
 import struct
 import subprocess
@@ -65,7 +66,7 @@ class PythonClientTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.client.close()
         cls.cluster.close()
-        subprocess.run(["rm", "-rf", cls.tmp], check=False)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def cli_json(self, *args):
         r = self.cluster.cli(*args)
