@@ -6,6 +6,7 @@ close() (also on an exception inside `with`).
 Environment (set by CMake): TRAINSTEP_BIN_DIR (build/bin), TRAINSTEP_SOURCE_DIR.
 """
 
+import importlib
 import json
 import os
 import shutil
@@ -23,8 +24,8 @@ SKIP = 77  # CTest's SKIP_RETURN_CODE for these tests
 def require_runtime():
     """Exits with SKIP, saying why, when the client's runtime packages are missing."""
     try:
-        import grpc  # noqa: F401  (only whether it imports)
-        import google.protobuf  # noqa: F401
+        for module in ("grpc", "google.protobuf"):
+            importlib.import_module(module)
     except ImportError as e:
         print(f"SKIP: {e}: install python3-grpcio and python3-protobuf "
               "(scripts/install-deps.sh does)", file=sys.stderr)
