@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs every Debian package trainstep needs to build, test and run the demo.
+# Installs every Debian package trainstep needs to build, test and run the demo, and points
+# libblas.so.3 / liblapack.so.3 at OpenBLAS.
 # Idempotent: packages already present are skipped, so a warm machine pays nothing.
 set -euo pipefail
 
+# LibTorch does its fp32 GEMMs through whatever libblas.so.3 is. Debian's default is the
+# reference BLAS, ~50x slower than OpenBLAS (BENCHMARKS.md, "BLAS"); of OpenBLAS's two
+# builds the pthread one served the worker best there.
+OPENBLAS=openblas-pthread
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
-  libtorch-dev libgloo-dev
+  libtorch-dev libgloo-dev libopenblas0-pthread
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
   prometheus-cpp-dev prometheus
@@ -14,6 +19,9 @@ PACKAGES=(
   debootstrap  # the Debian 13 root of `make check-gpu-build`
   python3-grpcio python3-protobuf  # the Python client (client/python) and its tests
 )
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -28,12 +36,27 @@ command -v kubectl >/dev/null || missing+=(kubernetes-client)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Installing OpenBLAS switches the alternatives only where they are in auto mode. Switch them
+# where they name the reference BLAS/LAPACK (Debian's slow default) too; an implementation
+# the machine's owner chose (MKL, BLIS, OpenBLAS's OpenMP build) is left as it is.
+MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+for lib in libblas.so.3 liblapack.so.3; do
+  name="$lib-$MULTIARCH"
+  want="/usr/lib/$MULTIARCH/$OPENBLAS/$lib"
+  current=$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p')
+  case "$current" in
+    "$want") ;;
+    "" | "/usr/lib/$MULTIARCH/blas/$lib" | "/usr/lib/$MULTIARCH/lapack/$lib")
+      echo "install-deps: $lib -> $want"
+      $SUDO update-alternatives --quiet --set "$name" "$want"
+      ;;
+    *) echo "install-deps: $lib stays $current (chosen on this machine)" ;;
+  esac
+done

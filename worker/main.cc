@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "worker/device.h"
 #include "worker/generate.h"
+#include "worker/host_setup.h"
 #include "worker/malloc_config.h"
 #include "worker/metrics.h"
 #include "worker/worker.h"
@@ -46,6 +47,13 @@ ABSL_FLAG(std::string, checkpoint, "", "with --generate: the ckpt-<id> directory
 ABSL_FLAG(std::string, prompt, "The ", "with --generate: the text to continue");
 ABSL_FLAG(int32_t, tokens, 200, "with --generate: how many bytes to sample");
 ABSL_FLAG(double, temperature, 0.8, "with --generate: sampling temperature");
+ABSL_FLAG(int32_t, threads, 0,
+          "compute threads (LibTorch intra-op and the BLAS); 0: $OMP_NUM_THREADS if set, else "
+          "this process's cores / $LOCAL_WORLD_SIZE (workers on this host, default 1)");
+ABSL_FLAG(bool, host_info, false,
+          "do not train: print this host's CPU, native bf16, BLAS and threads as JSON and exit");
+ABSL_FLAG(std::string, debug_cpuinfo, "",
+          "TEST ONLY: read the CPU's description from this file instead of /proc/cpuinfo");
 
 namespace trainstep {
 namespace {
@@ -67,6 +75,17 @@ int Main(int argc, char** argv) {
   }
   SetLogFormat(format);
 
+  absl::StatusOr<HostSetup> host =
+      SetUpHost(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_debug_cpuinfo));
+  if (!host.ok()) {
+    LogError(std::string(host.status().message()));
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_host_info)) {
+    std::cout << HostJson(*host) << std::endl;
+    return 0;
+  }
+
   if (absl::GetFlag(FLAGS_generate)) {
     GenerateOptions g;
     g.checkpoint = absl::GetFlag(FLAGS_checkpoint);
@@ -86,7 +105,11 @@ int Main(int argc, char** argv) {
     return 0;
   }
 
+  LogInfo(DescribeHost(*host));
+  for (const std::string& w : HostWarnings(*host)) LogWarning(w);
+
   WorkerOptions options;
+  options.cpu = host->cpu;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   if (options.coordinator.empty()) {
     const char* env = std::getenv("TRAINSTEP_COORDINATOR");

@@ -1,18 +1,55 @@
-// glibc carves a thread's static TLS out of the stack size the thread is created with and
-// fails pthread_create (EINVAL) when it does not fit. The libraries a LibTorch worker loads
-// bring ~160 KB of static TLS with CUDA (cuBLASLt alone 100 KB) and ~60 KB more with OpenBLAS,
-// while civetweb (prometheus-cpp's HTTP server) asks for 100 KB stacks: the worker's /metrics
-// could not start ("null context when constructing CivetServer"). This definition, exported
-// from the executable, comes before libc's for every library: requests below 1 MiB get 1 MiB.
+#include "worker/thread_stack.h"
+
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 
-#include <cstddef>
+#include <cerrno>
+#include <cstdint>
 
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) noexcept {
-  using Fn = int (*)(pthread_attr_t*, size_t);
-  static const Fn libc_version =
-      reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  constexpr size_t kMinimumStack = size_t{1} << 20;
-  return libc_version(attr, size < kMinimumStack ? kMinimumStack : size);
+namespace trainstep {
+namespace {
+
+// glibc's thread descriptor (struct pthread, ~2.3 KiB), its static TLS surplus for
+// dlopen'ed modules (~1.7 KiB + 512 B), MINIMAL_REST_STACK and alignment: 16 KiB covers them
+// with room to spare.
+constexpr size_t kGlibcReserve = 16 << 10;
+
+int AddTlsSegments(struct dl_phdr_info* info, size_t /*size*/, void* total) {
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_TLS) continue;
+    const size_t align = ph.p_align > 0 ? ph.p_align : 1;
+    *static_cast<size_t*>(total) += (ph.p_memsz + align - 1) / align * align;
+  }
+  return 0;
+}
+
+using SetStackSizeFn = int (*)(pthread_attr_t*, size_t);
+
+SetStackSizeFn LibcSetStackSize() {
+  static const SetStackSizeFn fn =
+      reinterpret_cast<SetStackSizeFn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  return fn;
+}
+
+}  // namespace
+
+size_t ThreadStackTlsReserve() {
+  size_t total = 0;
+  dl_iterate_phdr(AddTlsSegments, &total);
+  return total + kGlibcReserve;
+}
+
+}  // namespace trainstep
+
+// Interposes libc's pthread_attr_setstacksize for the whole process (this definition is in
+// the executable, which the dynamic linker searches first): see thread_stack.h for why.
+// Computed on each call, so libraries loaded later count too; threads are created rarely.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stacksize) {
+  const trainstep::SetStackSizeFn libc = trainstep::LibcSetStackSize();
+  if (libc == nullptr) return ENOSYS;  // no libc definition to forward to
+  const size_t reserve = trainstep::ThreadStackTlsReserve();
+  if (stacksize > SIZE_MAX - reserve) return libc(attr, stacksize);
+  return libc(attr, stacksize + reserve);
 }

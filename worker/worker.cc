@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "worker/bf16_probe.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/data/collate.h"
 #include "worker/device.h"
@@ -133,6 +134,7 @@ absl::Status Worker::Setup() {
       [this](const ckpt::CheckpointMeta& meta, const std::string& path) {
         return AckCheckpoint(meta, path);
       });
+  if (spec_.precision() == v1::JobSpec::bf16 && !device_.is_cuda()) LogBf16Notice(options_.cpu);
 
   // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
   heartbeats_ = std::thread([this] { HeartbeatLoop(); });

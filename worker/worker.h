@@ -19,6 +19,7 @@
 #include "common/worker_client.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/collective/collective.h"
+#include "worker/cpu_info.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
 #include "worker/metrics.h"
@@ -34,6 +35,7 @@ struct WorkerOptions {
   absl::Duration connect_timeout = absl::Minutes(2);
   CollectiveOptions collective;
   WorkerMetrics* metrics = nullptr;  // may be null
+  CpuInfo cpu;                       // this host's CPU, for the bf16 notice
   // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
   int64_t perturb_grad_window = 0;
 };

@@ -27,6 +27,7 @@ Writes DIR/endpoints.json as soon as everything listens:
   {"coordinator": "127.0.0.1:PORT", "coordinator_metrics": "http://…/metrics",
    "worker_metrics": ["http://…/metrics", …]}
 and DIR/updates.jsonl (the per-update log) when the job ends. Ctrl-C stops everything.
+Workers get LOCAL_WORLD_SIZE=N (unless it is set), so each uses cores/N compute threads.
 EOF
 }
 
@@ -113,6 +114,10 @@ if [ -z "$WORKERS" ]; then
   WORKERS=$("$BIN/trainstep" job get "$JOB" -o json | tr -d ' \n' | sed -n 's/.*"workers":{"count":\([0-9]*\)}.*/\1/p')
   WORKERS=${WORKERS:-1}
 fi
+
+# Every worker runs on this host: LOCAL_WORLD_SIZE (torchrun's name) lets each take its share
+# of the cores (cores / workers threads) instead of all of them. A value already set wins.
+export LOCAL_WORLD_SIZE=${LOCAL_WORLD_SIZE:-$WORKERS}
 
 # One worker, restarted on failure while the job runs (--restart-workers).
 run_worker() {

@@ -14,6 +14,8 @@ done
 grep -q "completionMode: Indexed" <<<"$out" || { echo "workers are not an Indexed Job"; exit 1; }
 grep -q "maxUnavailable: 0" <<<"$out" || { echo "no PodDisruptionBudget maxUnavailable 0"; exit 1; }
 grep -q -- "--insecure" <<<"$out" || { echo "coordinator on 0.0.0.0 needs --insecure"; exit 1; }
+grep -q "resource: requests.cpu" <<<"$out" && grep -q -- '--threads "${CPU_REQUEST}"' <<<"$out" ||
+  { echo "workers do not size their threads from their CPU request"; exit 1; }
 echo "ok: $(grep -c '^kind:' <<<"$out") objects"
 
 # The GPU overlay: the same objects; the worker Job (and only it) changed.

@@ -24,6 +24,8 @@ import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# OpenBLAS's pthread build sizes its own pool at load: one thread, as every system gets.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import torch  # noqa: E402
@@ -173,8 +175,23 @@ def worker(rank, args, spec, port):
             out.flush()
     if rank == 0:
         print(f"ddp_bench: {args.windows} windows, world {world}, {'bf16' if bf16 else 'fp32'}, "
-              f"torch {torch.__version__}, threads {torch.get_num_threads()}", file=sys.stderr)
+              f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
+              f"blas: {loaded_blas()}", file=sys.stderr)
     dist.destroy_process_group()
+
+
+def loaded_blas():
+    """The BLAS library this process mapped, found as trainstep-worker finds it
+    (worker/cpu_info.cc FindBlas): an OpenBLAS library, else the libblas.so it loaded."""
+    paths = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/") and fields[5].strip() not in paths:
+                paths.append(fields[5].strip())
+    names = [(p, os.path.basename(p)) for p in paths]
+    return next((p for p, b in names if "openblas" in b), None) or \
+        next((p for p, b in names if b.startswith("libblas.so")), "none")
 
 
 def free_port():

@@ -30,12 +30,14 @@
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
+#include "worker/host_setup.h"
 #include "worker/malloc_config.h"
 #include "worker/models/model.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec (JSON), the one trainstep runs");
 ABSL_FLAG(int64_t, windows, 0, "windows to train (default: the spec's stop.max_updates)");
-ABSL_FLAG(int32_t, threads, 1, "torch intra-op threads (at::set_num_threads)");
+ABSL_FLAG(int32_t, threads, 1,
+          "compute threads (LibTorch intra-op and the BLAS), as the worker's --threads");
 ABSL_FLAG(std::string, out, "", "per-window JSON lines go here (default: stdout)");
 ABSL_FLAG(std::string, malloc, "worker",
           "worker: the trainstep worker's glibc malloc settings; default: glibc's defaults");
@@ -73,7 +75,12 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const int default_threads = at::get_num_threads();
-  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  // The worker's own thread setup (LibTorch and the BLAS's pool), so both run alike.
+  absl::StatusOr<HostSetup> host = SetUpHost(absl::GetFlag(FLAGS_threads), "");
+  if (!host.ok()) {
+    std::cerr << host.status() << "\n";
+    return 2;
+  }
 
   absl::StatusOr<std::string> json = Env::Default()->ReadFile(absl::GetFlag(FLAGS_spec));
   if (!json.ok()) {
@@ -122,9 +129,10 @@ int Run(int argc, char** argv) {
   std::ostream& out = out_path.empty() ? std::cout : file;
   std::cerr << absl::StrFormat(
       "plain_loop_bench: %d windows of %d micro-batches x %d samples, %s, torch threads %d "
-      "(default here %d), malloc %s\n",
+      "(default here %d), malloc %s; %s\n",
       windows, world * spec->batch().accumulation_steps(), spec->batch().micro_batch_size(),
-      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads, malloc_mode);
+      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads, malloc_mode,
+      DescribeHost(*host));
 
   for (int64_t w = 1; w <= windows; ++w) {
     const auto start = std::chrono::steady_clock::now();

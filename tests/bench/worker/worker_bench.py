@@ -277,10 +277,18 @@ def run_trainstep(args, spec_path, out_dir, env):
             if c > c0:
                 phases.setdefault(phase, []).append((s - s0) / (c - c0))
     result["phase_seconds_per_window"] = {p: statistics.mean(v) for p, v in phases.items()}
+    result["blas"] = blas_of(open(os.path.join(out_dir, "logs", "worker-0.log")).read())
     for i, text in enumerate(watch.metrics.values()):
         with open(os.path.join(out_dir, f"worker-{i}.metrics.txt"), "w") as f:
             f.write(text)
     return result
+
+
+def blas_of(text):
+    """The BLAS library a worker or plain_loop_bench reported ("blas: KIND … (PATH); …") or
+    ddp_bench ("blas: PATH")."""
+    m = re.search(r"blas: [^;\n]*\((/[^)]*)\);", text) or re.search(r"blas: (/\S+)", text)
+    return m.group(1) if m else "unknown"
 
 
 def run_plain(args, spec_path, out_path, copies=1, malloc="worker"):
@@ -290,7 +298,8 @@ def run_plain(args, spec_path, out_path, copies=1, malloc="worker"):
         path = out_path if copies == 1 else f"{out_path}.{i}"
         procs.append((path, subprocess.Popen(
             [binary, "--spec", spec_path, "--windows", str(args.windows), "--threads", "1",
-             "--malloc", malloc, "--out", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+             "--malloc", malloc, "--out", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env=blas_env(args))))
     rates, note = [], ""
     for path, p in procs:
         _, err = p.communicate()
@@ -307,6 +316,7 @@ def run_plain(args, spec_path, out_path, copies=1, malloc="worker"):
         "compute_seconds_per_window": statistics.mean(r["compute_seconds"] for r in steady),
         "optimizer_seconds_per_window": statistics.mean(r["optimizer_seconds"] for r in steady),
         "note": note,
+        "blas": blas_of(note),
     }
 
 
@@ -314,14 +324,38 @@ def run_ddp(args, spec_path, out_path):
     r = subprocess.run([TORCH_PYTHON, os.path.join(ROOT, "tests/bench/worker/ddp_bench.py"),
                         "--spec", spec_path, "--windows", str(args.windows), "--out", out_path],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", **MALLOC_ENV))
+                       env=dict(blas_env(args), OMP_NUM_THREADS="1", **MALLOC_ENV))
     if r.returncode != 0:
         raise RuntimeError(f"ddp_bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rows = read_jsonl(out_path)
     rate, per_window = steady_rate({x["window"]: (x["end_time_ms"], x["tokens"]) for x in rows},
                                    args.skip)
-    return {"tokens_per_s": rate, "seconds_per_window": per_window,
-            "note": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""}
+    note = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    return {"tokens_per_s": rate, "seconds_per_window": per_window, "note": note,
+            "blas": blas_of(note)}
+
+
+def blas_env(args):
+    """The environment every system runs in: --blas-dir first on the library path."""
+    if not args.blas_dir:
+        return dict(os.environ)
+    return dict(os.environ, LD_LIBRARY_PATH=":".join(
+        d for d in (args.blas_dir, os.environ.get("LD_LIBRARY_PATH", "")) if d))
+
+
+def cpu_flags():
+    """The CPU's model and the flags that decide fp32 and bf16 speed."""
+    model, flags = "?", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "?":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    shown = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+             if f in flags]
+    return model, shown
 
 
 def main():
@@ -344,6 +378,10 @@ def main():
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--accumulation-steps", type=int, default=4)
     p.add_argument("--data", default="/usr/share/common-licenses")
+    p.add_argument("--blas-dir", default="",
+                   help="run every system with this folder first on LD_LIBRARY_PATH, e.g. "
+                        "/usr/lib/x86_64-linux-gnu/openblas-pthread (default: libblas.so.3 as "
+                        "the alternatives system points it)")
     p.add_argument("--max-foreign-cores", type=float, default=0.15,
                    help="a measurement during which other processes used more CPU (cores on "
                         "average) is disturbed: measured again, or marked *")
@@ -363,13 +401,13 @@ def main():
             sys.exit(f"worker_bench: {args.build_dir}/{b} not found: run `make build` first "
                      "(with TRAINSTEP_BUILD_WORKER=ON)")
     os.makedirs(args.out_dir, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                      if l.startswith("model name")), "?")
+    env = dict(blas_env(args), OMP_NUM_THREADS="1")
+    cpu_model, flags = cpu_flags()
     models = "; ".join(
         f"{pr} tiny_gpt n_layer {m[0]} n_head {m[1]} d_model {m[2]} seq_len {m[3]}"
         for pr, m in ((pr, model_of(args, pr)) for pr in args.precisions.split(",")))
-    print(f"worker bench: nproc {os.cpu_count()}, CPU {cpu_model}, load {loadavg():.2f}; "
+    print(f"worker bench: nproc {os.cpu_count()}, CPU {cpu_model} ({' '.join(flags)}), "
+          f"load {loadavg():.2f}; "
           f"{models}; micro_batch_size {args.micro_batch_size} K "
           f"{args.accumulation_steps} W {args.workers}; windows {args.skip + 1}..{args.windows} "
           f"timed; 1 torch thread per process; out {args.out_dir}", flush=True)
@@ -418,6 +456,13 @@ def main():
                   f"[others {ts['foreign_cores']:.2f} cores]" + show("plain", "(a)") + show("ddp", "(b)")
                   + show("plain_x2", "(a)x2", "/copy") + show("plain_glibc", "(a) glibc malloc")
                   + f"; row {r['row_seconds']:.0f} s", flush=True)
+            libs = {name: x["blas"] for name, x in r.items()
+                    if isinstance(x, dict) and "blas" in x}
+            if len(set(libs.values())) == 1:
+                print(f"    blas (every system): {next(iter(libs.values()))}", flush=True)
+            else:
+                print(f"    WARNING: the systems ran on different BLAS libraries: {libs}",
+                      flush=True)
 
     def med(rows, *path):
         vals = []
