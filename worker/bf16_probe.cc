@@ -26,8 +26,8 @@ double BestSeconds(int warmup, int reps, Fn&& fn) {
   for (int i = 0; i < reps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                              .count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
 }
@@ -55,8 +55,7 @@ absl::StatusOr<Bf16Cost> MeasureBf16Cost() {
   return cost;
 }
 
-std::string Bf16Notice(const CpuInfo& cpu, const absl::StatusOr<Bf16Cost>& cost,
-                       bool* emulated) {
+std::string Bf16Notice(const CpuInfo& cpu, const absl::StatusOr<Bf16Cost>& cost, bool* emulated) {
   const std::vector<std::string> flags = NativeBf16Flags(cpu);
   *emulated = flags.empty();
   std::string measured;

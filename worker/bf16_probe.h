@@ -23,8 +23,7 @@ absl::StatusOr<Bf16Cost> MeasureBf16Cost();
 
 // The start-up line for a bf16 job on this CPU. *emulated: the CPU has no native bf16 (the
 // line is then a warning). `cost` may hold the measurement's error.
-std::string Bf16Notice(const CpuInfo& cpu, const absl::StatusOr<Bf16Cost>& cost,
-                       bool* emulated);
+std::string Bf16Notice(const CpuInfo& cpu, const absl::StatusOr<Bf16Cost>& cost, bool* emulated);
 
 // Measures and logs Bf16Notice (a warning where bf16 is emulated).
 void LogBf16Notice(const CpuInfo& cpu);

@@ -82,7 +82,7 @@ BlasLibrary FindBlas(absl::string_view proc_maps) {
     if (absl::StartsWith(base, "libblas.so") && libblas.kind == BlasLibrary::Kind::kNone) {
       const absl::string_view dir = Basename(Dirname(path));
       libblas.path = path;
-      libblas.kind = dir == "blas"                      ? BlasLibrary::Kind::kReference
+      libblas.kind = dir == "blas"                        ? BlasLibrary::Kind::kReference
                      : absl::StrContains(dir, "openblas") ? BlasLibrary::Kind::kOpenBlas
                                                           : BlasLibrary::Kind::kOther;
     }

@@ -5,27 +5,24 @@
 #include <sched.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/env.h"
 #include "common/log.h"
 
 namespace trainstep {
 namespace {
 
+// The text of a /proc or /sys file, or "" where there is none.
 std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return trainstep::Env::Default()->ReadFile(path).value_or("");
 }
 
-std::string Env(const char* name) {
+std::string GetEnv(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
 }
@@ -42,8 +39,10 @@ std::string CgroupCpuMax() {
   std::string v2 = ReadText("/sys/fs/cgroup/cpu.max");
   if (!v2.empty()) return v2;
   for (const char* dir : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-    const std::string quota(absl::StripAsciiWhitespace(ReadText(absl::StrCat(dir, "/cpu.cfs_quota_us"))));
-    const std::string period(absl::StripAsciiWhitespace(ReadText(absl::StrCat(dir, "/cpu.cfs_period_us"))));
+    const std::string quota(
+        absl::StripAsciiWhitespace(ReadText(absl::StrCat(dir, "/cpu.cfs_quota_us"))));
+    const std::string period(
+        absl::StripAsciiWhitespace(ReadText(absl::StrCat(dir, "/cpu.cfs_period_us"))));
     if (quota.empty() || period.empty()) continue;
     return absl::StrCat(quota == "-1" ? "max" : quota, " ", period);
   }
@@ -87,8 +86,8 @@ absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo
 
   ThreadSources in;
   in.flag = threads_flag;
-  in.omp_num_threads = Env("OMP_NUM_THREADS");
-  in.local_world_size = Env("LOCAL_WORLD_SIZE");
+  in.omp_num_threads = GetEnv("OMP_NUM_THREADS");
+  in.local_world_size = GetEnv("LOCAL_WORLD_SIZE");
   in.affinity_cpus = AffinityCpus();
   in.cgroup_cpu_max = CgroupCpuMax();
   absl::StatusOr<ThreadPlan> plan = PlanThreads(in);
@@ -106,23 +105,23 @@ absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo
 
 std::string DescribeHost(const HostSetup& host) {
   const std::vector<std::string> bf16 = NativeBf16Flags(host.cpu);
-  return absl::StrCat(
-      "cpu: ", host.cpu.model.empty() ? "unknown" : host.cpu.model, ", ", host.threads.cores,
-      host.threads.cores == 1 ? " core" : " cores", " for this process; native bf16: ",
-      bf16.empty() ? "no (no avx512_bf16 or amx_bf16)" : absl::StrCat("yes (", absl::StrJoin(bf16, ", "), ")"),
-      "; blas: ", BlasKindName(host.blas.kind),
-      host.blas_config.empty() ? "" : absl::StrCat(" ", host.blas_config),
-      host.blas.path.empty() ? "" : absl::StrCat(" (", host.blas.path, ")"), "; threads: ",
-      host.threads.threads, " (", host.threads.why, ")");
+  return absl::StrCat("cpu: ", host.cpu.model.empty() ? "unknown" : host.cpu.model, ", ",
+                      host.threads.cores, host.threads.cores == 1 ? " core" : " cores",
+                      " for this process; native bf16: ",
+                      bf16.empty() ? "no (no avx512_bf16 or amx_bf16)"
+                                   : absl::StrCat("yes (", absl::StrJoin(bf16, ", "), ")"),
+                      "; blas: ", BlasKindName(host.blas.kind),
+                      host.blas_config.empty() ? "" : absl::StrCat(" ", host.blas_config),
+                      host.blas.path.empty() ? "" : absl::StrCat(" (", host.blas.path, ")"),
+                      "; threads: ", host.threads.threads, " (", host.threads.why, ")");
 }
 
 std::vector<std::string> HostWarnings(const HostSetup& host) {
   std::vector<std::string> out;
   if (host.blas.kind == BlasLibrary::Kind::kReference) {
-    out.push_back(absl::StrCat(
-        "fp32 matrix products run on the reference BLAS (", host.blas.path,
-        "), about 50x slower than OpenBLAS: install libopenblas0-pthread "
-        "(scripts/install-deps.sh does) so that libblas.so.3 points at it"));
+    out.push_back(absl::StrCat("fp32 matrix products run on the reference BLAS (", host.blas.path,
+                               "), about 50x slower than OpenBLAS: install libopenblas0-pthread "
+                               "(scripts/install-deps.sh does) so that libblas.so.3 points at it"));
   }
   if (host.threads.threads > host.threads.cores) {
     out.push_back(absl::StrCat(host.threads.threads, " threads (", host.threads.why, ") on ",
@@ -139,8 +138,8 @@ std::string HostJson(const HostSetup& host) {
       "{\"cpu_model\": ", JsonQuote(host.cpu.model), ", \"cores\": ", host.threads.cores,
       ", \"native_bf16\": ", bf16.empty() ? "false" : "true", ", \"native_bf16_flags\": [",
       absl::StrJoin(bf16, ", "), "], \"blas\": ", JsonQuote(BlasKindName(host.blas.kind)),
-      ", \"blas_path\": ", JsonQuote(host.blas.path), ", \"blas_config\": ",
-      JsonQuote(host.blas_config), ", \"threads\": ", host.threads.threads,
+      ", \"blas_path\": ", JsonQuote(host.blas.path),
+      ", \"blas_config\": ", JsonQuote(host.blas_config), ", \"threads\": ", host.threads.threads,
       ", \"threads_why\": ", JsonQuote(host.threads.why), "}");
 }
 

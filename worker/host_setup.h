@@ -16,7 +16,8 @@ namespace trainstep {
 struct HostSetup {
   CpuInfo cpu;
   BlasLibrary blas;
-  std::string blas_config;  // OpenBLAS: version, build, kernels, threading: "0.3.21 … Haswell … (pthread)"
+  std::string
+      blas_config;  // OpenBLAS: version, build, kernels, threading: "0.3.21 … Haswell … (pthread)"
   ThreadPlan threads;
 };
 

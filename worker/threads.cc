@@ -34,8 +34,8 @@ absl::StatusOr<int> CgroupCores(absl::string_view cpu_max) {
   int64_t quota = 0, period = 100000;
   if (!absl::SimpleAtoi(f[0], &quota) || (f.size() > 1 && !absl::SimpleAtoi(f[1], &period)) ||
       quota <= 0 || period <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cgroup cpu.max \"", cpu_max,
-                                                   "\" is not \"max PERIOD\" or \"QUOTA PERIOD\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cgroup cpu.max \"", cpu_max, "\" is not \"max PERIOD\" or \"QUOTA PERIOD\""));
   }
   return static_cast<int>(std::max<int64_t>(1, quota / period));
 }
@@ -70,11 +70,11 @@ absl::StatusOr<ThreadPlan> PlanThreads(const ThreadSources& in) {
     return plan;
   }
   plan.threads = std::max(1, plan.cores / plan.local_workers);
-  plan.why = absl::StrCat(plan.cores, plan.cores == 1 ? " core" : " cores",
-                          *limit > 0 && *limit < in.affinity_cpus ? " (cgroup CPU limit)" : "",
-                          " / ", plan.local_workers,
-                          plan.local_workers == 1 ? " worker" : " workers", " on this host",
-                          in.local_world_size.empty() ? "" : " (LOCAL_WORLD_SIZE)");
+  plan.why =
+      absl::StrCat(plan.cores, plan.cores == 1 ? " core" : " cores",
+                   *limit > 0 && *limit < in.affinity_cpus ? " (cgroup CPU limit)" : "", " / ",
+                   plan.local_workers, plan.local_workers == 1 ? " worker" : " workers",
+                   " on this host", in.local_world_size.empty() ? "" : " (LOCAL_WORLD_SIZE)");
   if (plan.local_workers > plan.cores) {
     absl::StrAppend(&plan.why, "; more workers than cores, so they share them");
   }

@@ -11,20 +11,16 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "tests/integration/process_cluster.h"
+#include "common/env.h"
+#include "tests/integration/cluster_test.h"
 
 namespace trainstep {
 namespace {
 
-using testing::ProcessCluster;
-
 constexpr char kLibDir[] = "/usr/lib/x86_64-linux-gnu";
 
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return Env::Default()->ReadFile(path).value_or("");
 }
 
 // The first line of `log` that contains `needle`, or "".
@@ -36,23 +32,9 @@ std::string LineWith(const std::string& log, absl::string_view needle) {
   return "";
 }
 
-class WorkerBlasTest : public ::testing::Test {
+class WorkerBlasTest : public testing::ClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            absl::StrCat("trainstep-blas-", getpid(), "-",
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    absl::StatusOr<std::unique_ptr<ProcessCluster>> c = ProcessCluster::Start(dir_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = std::move(*c);
-  }
-  void TearDown() override {
-    cluster_.reset();
-    if (!HasFailure() && getenv("TRAINSTEP_KEEP_TEST_DIRS") == nullptr) {
-      std::filesystem::remove_all(dir_);
-    }
-  }
+  WorkerBlasTest() : ClusterTest("trainstep-blas-") {}
 
   // A small fp32 mlp job (its Linear layers are BLAS GEMMs) on two workers started with
   // LD_LIBRARY_PATH = `library_path` ("": the system's libblas.so.3); expects success and
@@ -89,9 +71,6 @@ class WorkerBlasTest : public ::testing::Test {
       EXPECT_TRUE(absl::StrContains(line, absl::StrCat("(", dir, "/"))) << log;
     }
   }
-
-  std::string dir_;
-  std::unique_ptr<ProcessCluster> cluster_;
 };
 
 // Whatever the libblas.so.3 alternative points at (OpenBLAS in CI: scripts/install-deps.sh
@@ -142,8 +121,8 @@ TEST_F(WorkerBlasTest, LocalWorkersSplitTheCores) {
   ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
   const int expected = std::max(1, CPU_COUNT(&set) / 2);
   for (const std::string& log : logs) {
-    EXPECT_TRUE(absl::StrContains(LineWith(log, "blas: "),
-                                  absl::StrCat("threads: ", expected, " (")))
+    EXPECT_TRUE(
+        absl::StrContains(LineWith(log, "blas: "), absl::StrCat("threads: ", expected, " (")))
         << log;
     EXPECT_TRUE(absl::StrContains(LineWith(log, "blas: "), "(LOCAL_WORLD_SIZE)")) << log;
   }

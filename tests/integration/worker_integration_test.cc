@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/integration/cluster_test.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/torchscript_fixture.h"
 #include "worker/checkpoint/checkpoint_dir.h"
@@ -27,23 +28,9 @@ namespace {
 
 using testing::ProcessCluster;
 
-class WorkerIntegrationTest : public ::testing::Test {
+class WorkerIntegrationTest : public testing::ClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            absl::StrCat("trainstep-wit-", getpid(), "-",
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
-               .string();
-    absl::StatusOr<std::unique_ptr<ProcessCluster>> c = ProcessCluster::Start(dir_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = std::move(*c);
-  }
-  void TearDown() override {
-    cluster_.reset();
-    if (!HasFailure() && getenv("TRAINSTEP_KEEP_TEST_DIRS") == nullptr) {
-      std::filesystem::remove_all(dir_);
-    }
-  }
+  WorkerIntegrationTest() : ClusterTest("trainstep-wit-") {}
 
   // Submits, starts `workers` worker processes, waits for the end.
   v1::Job Run(const std::string& spec, int workers, absl::Duration timeout = absl::Seconds(120)) {
@@ -57,9 +44,7 @@ class WorkerIntegrationTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
-  std::string dir_;
   std::string job_id_;
-  std::unique_ptr<ProcessCluster> cluster_;
 };
 
 // The mlp on synthetic regression with two ranks: every window commits with one all-reduce,

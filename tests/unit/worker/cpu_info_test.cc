@@ -65,8 +65,7 @@ TEST(CpuInfoTest, EmptyOrForeignTextGivesAnEmptyDescription) {
 }
 
 std::string MapsLine(const std::string& path) {
-  return "7f15e9792000-7f15e97a0000 r-xp 00002000 08:01 1234567                    " + path +
-         "\n";
+  return "7f15e9792000-7f15e97a0000 r-xp 00002000 08:01 1234567                    " + path + "\n";
 }
 
 const char kCommon[] =
@@ -77,9 +76,9 @@ const char kCommon[] =
 // Catches: the libblas.so.3 alternative reported instead of what it points at, OpenBLAS's
 // wrapper libblas.so.3 taken for the reference BLAS, anonymous mappings taken for files.
 TEST(FindBlasTest, NamesTheImplementationTheProcessMapped) {
-  const std::string reference =
-      kCommon + MapsLine("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0") +
-      MapsLine("/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3.11.0");
+  const std::string reference = kCommon +
+                                MapsLine("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0") +
+                                MapsLine("/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3.11.0");
   BlasLibrary b = FindBlas(reference);
   EXPECT_EQ(b.kind, BlasLibrary::Kind::kReference);
   EXPECT_EQ(b.path, "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0");

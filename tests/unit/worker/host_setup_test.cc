@@ -96,9 +96,9 @@ TEST(HostSetupTest, SetUpHostReportsTheLoadedBlasAndAppliesThreads) {
   if (expected.filename().string().rfind("openblas", 0) == 0) {
     EXPECT_EQ(h->blas.kind, BlasLibrary::Kind::kOpenBlas);
     // OpenBLAS's own answer (openblas_get_parallel) agrees with the folder it came from.
-    const std::string threading = expected.filename() == "openblas-openmp" ? "(openmp)"
+    const std::string threading = expected.filename() == "openblas-openmp"    ? "(openmp)"
                                   : expected.filename() == "openblas-pthread" ? "(pthread)"
-                                                                               : "(";
+                                                                              : "(";
     EXPECT_NE(h->blas_config.find(threading), std::string::npos) << h->blas_config;
   } else if (expected.filename() == "blas") {
     EXPECT_EQ(h->blas.kind, BlasLibrary::Kind::kReference);
