@@ -26,8 +26,9 @@ TEST(SpecFilesTest, ShippedSpecsResolve) {
   }
 }
 
-// The demo is what the issue promises: tiny_gpt on the license texts, 2 workers, bf16,
-// accumulation 4, warmup-cosine, clipping.
+// The demo is what the issue promises: tiny_gpt on the license texts, 2 workers, bf16 (the
+// template's; demo.sh runs it in fp32 on CPUs without native bf16), accumulation 4,
+// warmup-cosine, clipping.
 TEST(SpecFilesTest, DemoSpecIsTheAdvertisedJob) {
   absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(
       Read(std::string(TRAINSTEP_SOURCE_DIR) + "/deploy/local/demo-spec.json"));
