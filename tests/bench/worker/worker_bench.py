@@ -4,12 +4,15 @@ single-process LibTorch loop and (b) PyTorch DDP (Gloo, no_sync), on the same ti
 windows and micro-batch shapes, in one run, interleaved per precision row.
 
   tests/bench/worker/worker_bench.py [--build-dir build] [--reps 3] [--windows 16] [--skip 5]
+                                     [--blas-dir DIR]
                                      [--contention] [--plain-default-malloc]
 
 Expects `make build` (trainstep-coordinator, trainstep-worker, trainstep, and
-bench/plain_loop_bench). Every system gets one torch thread per process (OMP_NUM_THREADS=1
-for the trainstep workers, which set no thread count themselves; at::set_num_threads(1)
-in (a); torch.set_num_threads(1) in (b)) and the same glibc malloc settings (the worker's
+bench/plain_loop_bench). Every system gets one compute thread per process and the same BLAS
+(OMP_NUM_THREADS=1 for the trainstep workers, which their --threads default follows; --threads
+1 in (a), the worker's own thread setup; torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1
+in (b); --blas-dir puts one BLAS first on every system's LD_LIBRARY_PATH, and each row says
+which library each system loaded) and the same glibc malloc settings (the worker's
 ConfigureMallocForTraining in worker/malloc_config.h: by mallopt in the worker and in (a),
 by MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ in (b)). Steady state: tokens of windows
 skip+1..N over end_time_ms[N] - end_time_ms[skip], the same range for every system.
@@ -370,10 +373,10 @@ def main():
                    help="windows per run (≤ 37: the bf16 row's epoch has 37 full windows)")
     p.add_argument("--skip", type=int, default=5, help="start-up windows left out")
     p.add_argument("--workers", type=int, default=2)
-    # Debian's LibTorch runs fp32 GEMMs on the reference (netlib) BLAS, ~20x slower than
-    # the oneDNN kernels bf16 autocast uses: the fp32 row gets a smaller tiny_gpt so that
-    # both rows have windows of a few hundred ms (compute ≫ RPC) and a row stays ≤ 60 s.
-    p.add_argument("--fp32-model", default="2,4,64,64", help="n_layer,n_head,d_model,seq_len")
+    # Both rows train the same tiny_gpt: with OpenBLAS (scripts/install-deps.sh) an fp32
+    # window takes a few hundred ms like a bf16 one (compute ≫ RPC). On the reference BLAS
+    # (~50x slower) pass a smaller --fp32-model, e.g. 2,4,64,64.
+    p.add_argument("--fp32-model", default="4,4,128,128", help="n_layer,n_head,d_model,seq_len")
     p.add_argument("--bf16-model", default="4,4,128,128", help="n_layer,n_head,d_model,seq_len")
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--accumulation-steps", type=int, default=4)
