@@ -6,10 +6,9 @@
 #include <gtest/gtest.h>
 #include <link.h>
 #include <pthread.h>
+#include <torch/torch.h>
 
 #include <cstring>
-
-#include <torch/torch.h>
 
 #include "worker/metrics.h"
 
