@@ -16,36 +16,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/env.h"
+#include "worker/checkpoint/checkpoint_meta.h"
 #include "worker/checkpoint/safetensors.h"
 
 namespace trainstep::ckpt {
 
-// Written as meta.json (pretty JSON, these names as keys) and read back exactly: integers
-// beyond ±2^53 are written as decimal strings, loss_scale with round-trip precision.
-struct CheckpointMeta {
-  std::string job_id;
-  int64_t checkpoint_id = 0;
-  int64_t optimizer_update_id = 0;
-  int64_t scheduler_step = 0;
-  int64_t window_id = 0;
-  int64_t epoch = 0;
-  int64_t cumulative_tokens = 0;
-  double loss_scale = 1.0;  // Must be finite: JSON has no inf or nan.
-  int64_t scaler_growth_tracker = 0;
-  std::string spec_hash;
-  int64_t next_window_id = 0;
-  int64_t written_unix_ms = 0;
-
-  friend bool operator==(const CheckpointMeta& a, const CheckpointMeta& b);
-  friend bool operator!=(const CheckpointMeta& a, const CheckpointMeta& b) { return !(a == b); }
-};
-
 // "ckpt-<id>", the directory name of checkpoint `id`.
 std::string CheckpointDirName(int64_t checkpoint_id);
-
-// meta.json's exact text, and its parser (INVALID_ARGUMENT naming the field on any problem).
-absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& meta);
-absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json);
 
 // Writes dir/ckpt-<meta.checkpoint_id> as described above, creating `dir` if needed, and
 // returns its path. An existing checkpoint of the same id is replaced: the new one is renamed

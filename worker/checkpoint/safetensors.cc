@@ -3,8 +3,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -27,57 +24,36 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian and this code does not byte-swap");
 
-using google::protobuf::Value;
+using internal::QuotedName;
+using internal::TensorError;
 
 constexpr char kMetadataKey[] = "__metadata__";
-// Header object → tensor entry → shape / data_offsets list. Anything deeper is invalid anyway.
-constexpr int kMaxHeaderNesting = 3;
-// JSON numbers are doubles: above 2^53 an integer may already have been rounded.
-constexpr double kTwoPow53 = 9007199254740992.0;
-// Elements of a shape, counting 0 dims as 1: keeps LibTorch's stride arithmetic in int64.
-constexpr uint64_t kMaxElements = uint64_t{1} << 62;
 
+// The safetensors dtypes as LibTorch scalar types.
 struct Dtype {
-  const char* name;
+  SafetensorsDtype dtype;
   at::ScalarType type;
 };
 constexpr Dtype kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
-    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-    {"U8", at::kByte},    {"BOOL", at::kBool},
+    {SafetensorsDtype::kF64, at::kDouble}, {SafetensorsDtype::kF32, at::kFloat},
+    {SafetensorsDtype::kF16, at::kHalf},   {SafetensorsDtype::kBF16, at::kBFloat16},
+    {SafetensorsDtype::kI64, at::kLong},   {SafetensorsDtype::kI32, at::kInt},
+    {SafetensorsDtype::kI16, at::kShort},  {SafetensorsDtype::kI8, at::kChar},
+    {SafetensorsDtype::kU8, at::kByte},    {SafetensorsDtype::kBool, at::kBool},
 };
 
-std::optional<at::ScalarType> DtypeFromName(absl::string_view name) {
+at::ScalarType ToScalarType(SafetensorsDtype dtype) {
   for (const Dtype& d : kDtypes) {
-    if (name == d.name) return d.type;
+    if (d.dtype == dtype) return d.type;
   }
-  return std::nullopt;
+  return at::kFloat;  // Unreachable: every enumerator is in the table.
 }
 
 const char* DtypeName(at::ScalarType type) {
   for (const Dtype& d : kDtypes) {
-    if (type == d.type) return d.name;
+    if (type == d.type) return SafetensorsDtypeName(d.dtype);
   }
   return nullptr;
-}
-
-std::string SupportedDtypes() {
-  std::vector<absl::string_view> names;
-  for (const Dtype& d : kDtypes) names.push_back(d.name);
-  return absl::StrJoin(names, ", ");
-}
-
-// Tensor names come from files: escape them so an error message stays one printable line.
-std::string Quoted(absl::string_view name) {
-  return absl::StrCat("'", absl::CHexEscape(name), "'");
-}
-
-absl::Status TensorError(absl::string_view name, absl::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat("tensor ", Quoted(name), ": ", problem));
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
 std::string LibTorchMessage(const std::exception& e) {
@@ -109,7 +85,7 @@ absl::StatusOr<at::Tensor> ToContiguousCpu(const std::string& name, const at::Te
     return t.resolve_conj().resolve_neg().contiguous();
   } catch (const std::exception& e) {
     return absl::InternalError(
-        absl::StrCat("tensor ", Quoted(name),
+        absl::StrCat("tensor ", QuotedName(name),
                      ": copying to a contiguous CPU tensor failed: ", LibTorchMessage(e)));
   }
 }
@@ -124,7 +100,7 @@ absl::StatusOr<PreparedHeader> Prepare(const TensorMap& tensors, const Metadata&
     for (const auto& [key, value] : metadata) {
       if (!internal::IsValidUtf8(key) || !internal::IsValidUtf8(value)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("metadata entry ", Quoted(key), " is not valid UTF-8"));
+            absl::StrCat("metadata entry ", QuotedName(key), " is not valid UTF-8"));
       }
       absl::StrAppend(&header, first ? "" : ",", JsonQuote(key), ":", JsonQuote(value));
       first = false;
@@ -140,9 +116,9 @@ absl::StatusOr<PreparedHeader> Prepare(const TensorMap& tensors, const Metadata&
       return TensorError(name, "only dense tensors are supported");
     const char* dtype = DtypeName(tensor.scalar_type());
     if (dtype == nullptr) {
-      return TensorError(name,
-                         absl::StrCat("dtype ", c10::toString(tensor.scalar_type()),
-                                      " is not supported (supported: ", SupportedDtypes(), ")"));
+      return TensorError(
+          name, absl::StrCat("dtype ", c10::toString(tensor.scalar_type()),
+                             " is not supported (supported: ", SupportedSafetensorsDtypes(), ")"));
     }
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
     absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"", dtype,
@@ -180,225 +156,16 @@ absl::Status ForEachTensorBytes(const TensorMap& tensors, Sink sink) {
 // ---------------------------------------------------------------------------------------------
 // Reading.
 
-struct Entry {
-  std::string name;
-  at::ScalarType dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
-
-struct ParsedHeader {
-  std::vector<Entry> entries;  // Sorted by name.
-  Metadata metadata;
-  absl::string_view data;  // The bytes after the header: what data_offsets index.
-};
-
-// A JSON number that must be a non-negative integer small enough to be exact as a double.
-absl::StatusOr<uint64_t> ToIndex(const Value& v, absl::string_view what) {
-  if (v.kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not a number"));
-  }
-  const double d = v.number_value();
-  if (!(d >= 0) || d >= kTwoPow53 || d != std::floor(d)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is ", d, ", not a non-negative integer below 2^53"));
-  }
-  return static_cast<uint64_t>(d);
-}
-
-const Value* Field(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? nullptr : &it->second;
-}
-
-absl::StatusOr<Entry> ParseEntry(const std::string& name, const Value& value, uint64_t data_size) {
-  Entry e;
-  e.name = name;
-  const auto fail = [&name](absl::string_view problem) { return TensorError(name, problem); };
-  if (value.kind_case() != Value::kStructValue) return fail("entry is not a JSON object");
-  const google::protobuf::Struct& entry = value.struct_value();
-  for (const auto& [key, unused] : entry.fields()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return fail(absl::StrCat("unknown field ", Quoted(key)));
-    }
-  }
-
-  const Value* dtype = Field(entry, "dtype");
-  if (dtype == nullptr) return fail("missing \"dtype\"");
-  if (dtype->kind_case() != Value::kStringValue) return fail("\"dtype\" is not a string");
-  std::optional<at::ScalarType> type = DtypeFromName(dtype->string_value());
-  if (!type) {
-    return fail(absl::StrCat("unknown dtype ", Quoted(dtype->string_value()),
-                             " (supported: ", SupportedDtypes(), ")"));
-  }
-  e.dtype = *type;
-
-  const Value* shape = Field(entry, "shape");
-  if (shape == nullptr) return fail("missing \"shape\"");
-  if (shape->kind_case() != Value::kListValue) return fail("\"shape\" is not a list");
-  // Counting 0 dims as 1 bounds every stride LibTorch derives, even for empty tensors.
-  uint64_t elements_ignoring_zeros = 1;
-  bool has_zero_dim = false;
-  for (int i = 0; i < shape->list_value().values_size(); ++i) {
-    absl::StatusOr<uint64_t> dim =
-        ToIndex(shape->list_value().values(i), absl::StrCat("shape[", i, "]"));
-    if (!dim.ok()) return fail(dim.status().message());
-    if (*dim == 0) {
-      has_zero_dim = true;
-    } else if (__builtin_mul_overflow(elements_ignoring_zeros, *dim, &elements_ignoring_zeros) ||
-               elements_ignoring_zeros > kMaxElements) {
-      return fail("shape has too many elements");
-    }
-    e.shape.push_back(static_cast<int64_t>(*dim));
-  }
-  const uint64_t elements = has_zero_dim ? 0 : elements_ignoring_zeros;
-  const uint64_t nbytes = elements * c10::elementSize(e.dtype);  // <= 2^62 * 8: no overflow.
-
-  const Value* offsets = Field(entry, "data_offsets");
-  if (offsets == nullptr) return fail("missing \"data_offsets\"");
-  if (offsets->kind_case() != Value::kListValue || offsets->list_value().values_size() != 2) {
-    return fail("\"data_offsets\" is not a list of two numbers");
-  }
-  absl::StatusOr<uint64_t> begin = ToIndex(offsets->list_value().values(0), "data_offsets[0]");
-  if (!begin.ok()) return fail(begin.status().message());
-  absl::StatusOr<uint64_t> end = ToIndex(offsets->list_value().values(1), "data_offsets[1]");
-  if (!end.ok()) return fail(end.status().message());
-  e.begin = *begin;
-  e.end = *end;
-  const std::string range = absl::StrCat("data_offsets [", e.begin, ",", e.end, "]");
-  if (e.end < e.begin) return fail(absl::StrCat(range, " end before they begin"));
-  if (e.end > data_size) {
-    return fail(
-        absl::StrCat(range, " are out of range: the data section has ", data_size, " bytes"));
-  }
-  if (e.end - e.begin != nbytes) {
-    return fail(absl::StrCat(range, " hold ", e.end - e.begin, " bytes but shape ",
-                             ShapeString(e.shape), " of ", dtype->string_value(), " needs ",
-                             nbytes));
-  }
-  return e;
-}
-
-absl::StatusOr<Metadata> ParseMetadata(const Value& value) {
-  Metadata metadata;
-  if (value.kind_case() == Value::kNullValue) return metadata;  // Rust's Option::None.
-  if (value.kind_case() != Value::kStructValue) {
-    return absl::InvalidArgumentError("\"__metadata__\" is not a JSON object");
-  }
-  for (const auto& [key, v] : value.struct_value().fields()) {
-    if (v.kind_case() != Value::kStringValue) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"__metadata__\" value of ", Quoted(key), " is not a string"));
-    }
-    metadata.emplace(key, v.string_value());
-  }
-  return metadata;
-}
-
-// Checks the packing: sorted by offset, each tensor starts where the previous one ended and
-// the last one ends where the data does (the reference implementation's rule).
-absl::Status CheckLayout(const std::vector<Entry>& entries, uint64_t data_size) {
-  std::vector<const Entry*> order;
-  order.reserve(entries.size());
-  for (const Entry& e : entries) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-    return std::tie(a->begin, a->end, a->name) < std::tie(b->begin, b->end, b->name);
-  });
-  uint64_t expected = 0;
-  const Entry* previous = nullptr;
-  for (const Entry* e : order) {
-    const std::string range = absl::StrCat("data_offsets [", e->begin, ",", e->end, "]");
-    if (e->begin < expected) {
-      return TensorError(e->name, absl::StrCat(range, " overlap tensor ", Quoted(previous->name),
-                                               " at [", previous->begin, ",", previous->end, "]"));
-    }
-    if (e->begin > expected) {
-      return TensorError(e->name, absl::StrCat(range, " leave a gap: bytes [", expected, ",",
-                                               e->begin, ") belong to no tensor"));
-    }
-    expected = e->end;
-    previous = e;
-  }
-  if (expected != data_size) {
-    return absl::InvalidArgumentError(absl::StrCat("the data section has ", data_size,
-                                                   " bytes but the tensors cover only ", expected));
-  }
-  return absl::OkStatus();
-}
-
-// Everything but allocating tensors. Every offset into `bytes` is checked before it is used.
-absl::StatusOr<ParsedHeader> ParseHeader(absl::string_view bytes) {
-  if (bytes.size() < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("file has ", bytes.size(), " bytes, fewer than the 8-byte header length"));
-  }
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  if (n > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("header length ", n, " exceeds the limit of ",
-                                                   kMaxSafetensorsHeaderBytes, " bytes"));
-  }
-  if (n > bytes.size() - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "header length ", n, " exceeds the ", bytes.size() - 8, " bytes after the length field"));
-  }
-  const absl::string_view json = bytes.substr(8, n);
-  ParsedHeader out;
-  out.data = bytes.substr(8 + n);
-
-  if (absl::Status s = internal::CheckJsonNesting(json, kMaxHeaderNesting); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("header is invalid: ", s.message()));
-  }
-  google::protobuf::Struct header;
-  // The parser reads std::string; absl::string_view is not std::string_view in this Abseil.
-  const auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &header);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header is not valid JSON: ", parsed.message().as_string()));
-  }
-
-  // Sorted names: the first error reported does not depend on hash-map order.
-  std::vector<std::string> names;
-  names.reserve(header.fields_size());
-  for (const auto& [name, unused] : header.fields()) names.push_back(name);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    const Value& value = header.fields().at(name);
-    if (name == kMetadataKey) {
-      ASSIGN_OR_RETURN(out.metadata, ParseMetadata(value));
-      continue;
-    }
-    ASSIGN_OR_RETURN(Entry e, ParseEntry(name, value, out.data.size()));
-    out.entries.push_back(std::move(e));
-  }
-  RETURN_IF_ERROR(CheckLayout(out.entries, out.data.size()));
-
-  // Any other byte in a bool is undefined behaviour in LibTorch's kernels.
-  for (const Entry& e : out.entries) {
-    if (e.dtype != at::kBool) continue;
-    for (uint64_t i = e.begin; i < e.end; ++i) {
-      const auto byte = static_cast<unsigned char>(out.data[i]);
-      if (byte > 1) {
-        return TensorError(e.name, absl::StrCat("BOOL element ", i - e.begin, " is byte ",
-                                                static_cast<int>(byte), ", not 0 or 1"));
-      }
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<TensorMap> Materialize(const ParsedHeader& header) {
+absl::StatusOr<TensorMap> Materialize(const SafetensorsHeader& header) {
   TensorMap tensors;
-  for (const Entry& e : header.entries) {
+  for (const SafetensorsEntry& e : header.entries) {
     try {
-      at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+      at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(ToScalarType(e.dtype)));
       if (e.end > e.begin) std::memcpy(t.data_ptr(), header.data.data() + e.begin, e.end - e.begin);
       tensors.emplace(e.name, std::move(t));
     } catch (const std::exception& ex) {
-      return absl::ResourceExhaustedError(absl::StrCat("tensor ", Quoted(e.name), ": allocating ",
-                                                       e.end - e.begin,
+      return absl::ResourceExhaustedError(absl::StrCat("tensor ", QuotedName(e.name),
+                                                       ": allocating ", e.end - e.begin,
                                                        " bytes failed: ", LibTorchMessage(ex)));
     }
   }
@@ -421,13 +188,11 @@ absl::StatusOr<std::string> SerializeSafetensors(const TensorMap& tensors,
 }
 
 absl::StatusOr<TensorMap> ParseSafetensors(absl::string_view bytes, Metadata* metadata) {
-  ASSIGN_OR_RETURN(ParsedHeader header, ParseHeader(bytes));
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(bytes));
   ASSIGN_OR_RETURN(TensorMap tensors, Materialize(header));
   if (metadata != nullptr) *metadata = std::move(header.metadata);
   return tensors;
 }
-
-absl::Status ValidateSafetensors(absl::string_view bytes) { return ParseHeader(bytes).status(); }
 
 absl::Status WriteSafetensorsFile(const std::string& path, const TensorMap& tensors,
                                   const Metadata& metadata, Env* env) {
@@ -449,77 +214,4 @@ absl::StatusOr<TensorMap> ReadSafetensorsFile(const std::string& path, Metadata*
   return tensors;
 }
 
-namespace internal {
-
-absl::Status CheckJsonNesting(absl::string_view text, int max_depth) {
-  int depth = 0;
-  char quote = 0;  // The open string's quote; protobuf's parser also accepts '...'.
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quote != 0) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == quote) {
-        quote = 0;
-      }
-      continue;
-    }
-    switch (c) {
-      case '"':
-      case '\'':
-        quote = c;
-        break;
-      case '[':
-      case '{':
-        if (++depth > max_depth) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("JSON nests deeper than ", max_depth, " levels (at byte ", i, ")"));
-        }
-        break;
-      case ']':
-      case '}':
-        --depth;
-        break;
-      default:
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool IsValidUtf8(absl::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    uint32_t min;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07, min = 0x10000;
-    } else {
-      return false;
-    }
-    if (n - i < len) return false;
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned cc = p[i + k];
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
-}  // namespace internal
 }  // namespace trainstep::ckpt

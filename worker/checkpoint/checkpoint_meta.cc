@@ -1,0 +1,145 @@
+#include "worker/checkpoint/checkpoint_meta.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <charconv>
+#include <cmath>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/safetensors_format.h"
+
+namespace trainstep::ckpt {
+namespace {
+
+using google::protobuf::Value;
+
+// Integers a JSON double holds exactly; beyond them meta.json uses decimal strings.
+constexpr int64_t kMaxExactJsonInt = (int64_t{1} << 53) - 1;
+
+struct IntField {
+  const char* name;
+  int64_t CheckpointMeta::*member;
+};
+// meta.json's integer fields. Strings and loss_scale are handled by name.
+constexpr IntField kIntFields[] = {
+    {"checkpoint_id", &CheckpointMeta::checkpoint_id},
+    {"optimizer_update_id", &CheckpointMeta::optimizer_update_id},
+    {"scheduler_step", &CheckpointMeta::scheduler_step},
+    {"window_id", &CheckpointMeta::window_id},
+    {"epoch", &CheckpointMeta::epoch},
+    {"cumulative_tokens", &CheckpointMeta::cumulative_tokens},
+    {"scaler_growth_tracker", &CheckpointMeta::scaler_growth_tracker},
+    {"next_window_id", &CheckpointMeta::next_window_id},
+    {"written_unix_ms", &CheckpointMeta::written_unix_ms},
+};
+
+std::string IntJson(int64_t v) {
+  if (v >= -kMaxExactJsonInt && v <= kMaxExactJsonInt) return absl::StrCat(v);
+  return absl::StrCat("\"", v, "\"");
+}
+
+// Shortest text that parses back to the same double.
+std::string DoubleJson(double v) {
+  // protobuf's parser reads "-0" as an integer, losing the sign; "-0.0" keeps it.
+  if (v == 0 && std::signbit(v)) return "-0.0";
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+absl::Status MetaError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("meta.json field \"", field, "\" ", problem));
+}
+
+absl::StatusOr<const Value*> MetaField(const google::protobuf::Struct& s, const char* name) {
+  auto it = s.fields().find(name);
+  if (it == s.fields().end()) return MetaError(name, "is missing");
+  return &it->second;
+}
+
+absl::StatusOr<int64_t> MetaInt(const google::protobuf::Struct& s, const char* name) {
+  ASSIGN_OR_RETURN(const Value* v, MetaField(s, name));
+  if (v->kind_case() == Value::kNumberValue) {
+    const double d = v->number_value();
+    // Beyond 2^53 the parser may already have rounded: such values are written as strings.
+    if (std::abs(d) <= static_cast<double>(kMaxExactJsonInt) && d == std::floor(d)) {
+      return static_cast<int64_t>(d);
+    }
+    return MetaError(name, absl::StrCat("is ", d, ", not an integer within +-(2^53-1)"));
+  }
+  int64_t out;
+  if (v->kind_case() == Value::kStringValue && absl::SimpleAtoi(v->string_value(), &out)) {
+    return out;
+  }
+  return MetaError(name, "is not an integer");
+}
+
+absl::StatusOr<std::string> MetaString(const google::protobuf::Struct& s, const char* name) {
+  ASSIGN_OR_RETURN(const Value* v, MetaField(s, name));
+  if (v->kind_case() != Value::kStringValue) return MetaError(name, "is not a string");
+  return v->string_value();
+}
+
+}  // namespace
+
+bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
+  const auto tie = [](const CheckpointMeta& m) {
+    return std::tie(m.job_id, m.checkpoint_id, m.optimizer_update_id, m.scheduler_step, m.window_id,
+                    m.epoch, m.cumulative_tokens, m.loss_scale, m.scaler_growth_tracker,
+                    m.spec_hash, m.next_window_id, m.written_unix_ms);
+  };
+  return tie(a) == tie(b);
+}
+
+absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
+  if (!std::isfinite(m.loss_scale)) {
+    return MetaError("loss_scale",
+                     absl::StrCat("is ", m.loss_scale, "; JSON needs a finite number"));
+  }
+  if (!internal::IsValidUtf8(m.job_id)) return MetaError("job_id", "is not valid UTF-8");
+  if (!internal::IsValidUtf8(m.spec_hash)) return MetaError("spec_hash", "is not valid UTF-8");
+  return absl::StrCat("{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
+                      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
+                      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
+                      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
+                      "  \"window_id\": ", IntJson(m.window_id), ",\n",
+                      "  \"epoch\": ", IntJson(m.epoch), ",\n",
+                      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
+                      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
+                      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
+                      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
+                      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
+                      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms), "\n", "}\n");
+}
+
+absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
+  if (absl::Status s = internal::CheckJsonNesting(json, 1); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("meta.json: ", s.message()));
+  }
+  google::protobuf::Struct s;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &s);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("meta.json is not valid JSON: ", parsed.message().as_string()));
+  }
+  // Unknown keys are ignored, so a newer writer may add fields.
+  CheckpointMeta m;
+  ASSIGN_OR_RETURN(m.job_id, MetaString(s, "job_id"));
+  ASSIGN_OR_RETURN(m.spec_hash, MetaString(s, "spec_hash"));
+  for (const IntField& f : kIntFields) {
+    ASSIGN_OR_RETURN(m.*f.member, MetaInt(s, f.name));
+  }
+  ASSIGN_OR_RETURN(const Value* scale, MetaField(s, "loss_scale"));
+  if (scale->kind_case() != Value::kNumberValue) return MetaError("loss_scale", "is not a number");
+  m.loss_scale = scale->number_value();
+  return m;
+}
+
+}  // namespace trainstep::ckpt

@@ -1,0 +1,84 @@
+// The Torch-free half of our safetensors support: the dtype table and the reader's validation
+// of a file's header against its size. safetensors.h builds tensors on top of it; the fuzzers
+// and the sanitizer builds (which have no LibTorch) test it directly.
+//
+// Format: an 8-byte little-endian header length N, N bytes of JSON header (padded with spaces
+// to a multiple of 8), then the tensors' raw little-endian bytes packed in header order.
+// Every file is treated as hostile: the whole header is checked before anything is allocated,
+// and nothing outside the given bytes is ever read.
+#ifndef TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
+#define TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trainstep::ckpt {
+
+// Ordered, so the same metadata always serializes to the same bytes.
+using Metadata = std::map<std::string, std::string>;
+
+// The reference implementation's limit; a longer header is rejected before it is parsed.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// The dtypes we read and write.
+enum class SafetensorsDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
+
+// "F64", "F32", ... as the format spells them.
+const char* SafetensorsDtypeName(SafetensorsDtype dtype);
+std::optional<SafetensorsDtype> SafetensorsDtypeFromName(absl::string_view name);
+size_t SafetensorsElementSize(SafetensorsDtype dtype);
+// "F64, F32, ..." for error messages.
+std::string SupportedSafetensorsDtypes();
+
+// One tensor of a validated header: its bytes are data[begin, end) of SafetensorsHeader::data.
+struct SafetensorsEntry {
+  std::string name;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // Sorted by name.
+  Metadata metadata;                      // "__metadata__" (empty if absent).
+  absl::string_view data;                 // The bytes after the header (aliases the input).
+};
+
+// Every check the reader makes: the header parses, names each tensor once with a known
+// dtype, a shape of at most 2^62 elements and data_offsets that pack the data section exactly
+// (no gap, no overlap, nothing left over), and BOOL bytes are 0 or 1. Malformed input is
+// INVALID_ARGUMENT naming the tensor and the problem.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes);
+
+// ParseSafetensorsHeader's status.
+absl::Status ValidateSafetensors(absl::string_view bytes);
+
+namespace internal {
+
+// Tensor names come from files: 'name' with non-printable bytes escaped, so an error message
+// stays one printable line.
+std::string QuotedName(absl::string_view name);
+// INVALID_ARGUMENT "tensor 'name': problem".
+absl::Status TensorError(absl::string_view name, absl::string_view problem);
+
+// INVALID_ARGUMENT if JSON `text` nests arrays/objects deeper than `max_depth`: protobuf's
+// JSON parser takes minutes on deeply nested input, so hostile text is bounded by a linear
+// scan first. Other syntax errors are left to the parser.
+absl::Status CheckJsonNesting(absl::string_view text, int max_depth);
+
+// Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
+bool IsValidUtf8(absl::string_view s);
+
+}  // namespace internal
+}  // namespace trainstep::ckpt
+
+#endif  // TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
