@@ -28,6 +28,28 @@ absl::Status ShuttingDown() {
 
 }  // namespace
 
+absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string& state_dir,
+                           absl::Time now, JobRegistry* registry) {
+  if (recovered.snapshot.has_value()) {
+    v1::CoordinatorSnapshot snapshot;
+    if (!snapshot.ParseFromString(*recovered.snapshot)) {
+      return absl::DataLossError(absl::StrCat("the newest snapshot in ", state_dir,
+                                              " passed its checksum but is not a snapshot"));
+    }
+    registry->Restore(snapshot, now);
+  }
+  for (size_t i = 0; i < recovered.records.size(); ++i) {
+    v1::JournalRecord record;
+    if (!record.ParseFromString(recovered.records[i])) {
+      return absl::DataLossError(absl::StrCat("journal record ", i + 1, " in ", state_dir,
+                                              " passed its checksum but is not a record"));
+    }
+    registry->Apply(record);
+  }
+  registry->Recovered(now);
+  return absl::OkStatus();
+}
+
 // --- Lifecycle ---
 
 Coordinator::Coordinator(CoordinatorOptions options)
@@ -45,24 +67,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
   const absl::Time now = c->options_.clock->Now();
   {
     absl::MutexLock lock(&c->mu_);
-    if (recovered.snapshot.has_value()) {
-      v1::CoordinatorSnapshot snapshot;
-      if (!snapshot.ParseFromString(*recovered.snapshot)) {
-        return absl::DataLossError(absl::StrCat("the newest snapshot in ", c->options_.state_dir,
-                                                " passed its checksum but is not a snapshot"));
-      }
-      c->registry_.Restore(snapshot, now);
-    }
-    for (size_t i = 0; i < recovered.records.size(); ++i) {
-      v1::JournalRecord record;
-      if (!record.ParseFromString(recovered.records[i])) {
-        return absl::DataLossError(absl::StrCat("journal record ", i + 1, " in ",
-                                                c->options_.state_dir,
-                                                " passed its checksum but is not a record"));
-      }
-      c->registry_.Apply(record);
-    }
-    c->registry_.Recovered(now);
+    RETURN_IF_ERROR(ReplayJournal(recovered, c->options_.state_dir, now, &c->registry_));
     if (metrics != nullptr) {
       metrics->OnJobStates(c->registry_.List());
       for (const v1::Job& job : c->registry_.List()) {

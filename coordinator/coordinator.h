@@ -68,6 +68,12 @@ struct CoordinatorOptions {
   CoordinatorMetrics* metrics = nullptr;  // may be null
 };
 
+// Rebuilds `registry` (fresh) from what Journal::Open recovered: the snapshot, then every
+// record, then Recovered(now). DATA_LOSS naming `state_dir` if a checksummed snapshot or record
+// does not parse.
+absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string& state_dir,
+                           absl::Time now, JobRegistry* registry);
+
 class Coordinator {
  public:
   // Opens (or creates) the journal in options.state_dir and replays it.
