@@ -3,6 +3,10 @@
 #ifndef TRAINSTEP_TESTS_FUZZ_FUZZ_UTIL_H_
 #define TRAINSTEP_TESTS_FUZZ_FUZZ_UTIL_H_
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/message_lite.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -11,18 +15,14 @@
 #include <string>
 #include <string_view>
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/message_lite.h>
-
 // Aborts with the condition, the place and a message when an invariant does not hold.
-#define FUZZ_CHECK(cond, ...)                                                                \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
-      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);      \
-      ::trainstep::fuzz::PrintDetail(__VA_ARGS__);                                           \
-      std::abort();                                                                          \
-    }                                                                                        \
+#define FUZZ_CHECK(cond, ...)                                                           \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
+      ::trainstep::fuzz::PrintDetail(__VA_ARGS__);                                      \
+      std::abort();                                                                     \
+    }                                                                                   \
   } while (0)
 
 namespace trainstep::fuzz {

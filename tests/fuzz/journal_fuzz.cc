@@ -43,7 +43,9 @@ void Run(FuzzInput& in) {
   InMemoryEnv env;
   FUZZ_CHECK(env.CreateDirs(kDir).ok());
   const auto put = [&env](const std::string& name, std::string bytes) {
-    env.SetContents(absl::StrCat(kDir, "/", name), std::move(bytes));
+    const std::string path = absl::StrCat(kDir, "/", name);
+    FUZZ_CHECK(env.CreateFile(path, /*truncate=*/true).ok());
+    env.SetContents(path, std::move(bytes));
   };
   bool has_snapshot = false;
   switch (in.Byte() % 4) {
@@ -69,8 +71,7 @@ void Run(FuzzInput& in) {
   RecoveredJournal first;
   absl::StatusOr<std::unique_ptr<Journal>> journal = Journal::Open(&env, kDir, {}, &first);
   if (!journal.ok()) {
-    FUZZ_CHECK(journal.status().code() == absl::StatusCode::kDataLoss,
-               journal.status().ToString());
+    FUZZ_CHECK(journal.status().code() == absl::StatusCode::kDataLoss, journal.status().ToString());
     FUZZ_CHECK(Files(env) == before, "a failed Open changed the journal's files");
     return;
   }

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -42,11 +44,11 @@ v1::JobSpec SmallJob(FuzzInput& in) {
   const uint8_t knobs = in.Byte();
   const int64_t accumulation = in.Range(1, 2);
   const int64_t workers = in.Range(1, 3);
-  std::string json = absl::StrCat(
-      R"({"name":"fuzz","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
-      R"("batch":{"micro_batch_size":1,"accumulation_steps":)", accumulation, R"(,"tail":")",
-      (knobs & 1) ? "drop" : "dynamic", R"("},"optimizer":{"sgd":{"lr":0.1}},)",
-      R"("workers":{"count":)", workers, "}");
+  std::string json =
+      absl::StrCat(R"({"name":"fuzz","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
+                   R"("batch":{"micro_batch_size":1,"accumulation_steps":)", accumulation,
+                   R"(,"tail":")", (knobs & 1) ? "drop" : "dynamic",
+                   R"("},"optimizer":{"sgd":{"lr":0.1}},)", R"("workers":{"count":)", workers, "}");
   if (knobs & 2) {
     const int64_t growth_interval = in.Range(1, 3);
     absl::StrAppend(&json, R"(,"precision":"fp16","loss_scaler":{"growth_interval":)",
@@ -107,6 +109,11 @@ class Harness {
       Step();
       Check();
     }
+    if (std::getenv("TRAINSTEP_FUZZ_VERBOSE") != nullptr) {  // To see where a seed leads.
+      std::fprintf(stderr, "job %s, progress %s\n",
+                   v1::JobState_Name(machine_->Job().state()).c_str(),
+                   machine_->Job().progress().ShortDebugString().c_str());
+    }
     // A restarted coordinator that snapshotted here recovers the same machine.
     const v1::JobSnapshot snap = machine_->Snapshot();
     std::unique_ptr<StepMachine> restored = StepMachine::Restore(options_, snap, now_);
@@ -159,11 +166,11 @@ class Harness {
     const uint8_t op = in_.Byte() % 9;
     switch (op) {
       case 0: {
+        const std::string worker = Worker();
         v1::RegisterWorkerRequest req;
         req.set_job_id("job-1");
         req.set_name(in_.String(8));
         req.set_request_id(in_.String(4));
-        const std::string worker = Worker();
         (void)machine_->RegisterWorker(worker, req, now_);
         break;
       }

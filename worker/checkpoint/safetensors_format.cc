@@ -35,11 +35,11 @@ struct DtypeInfo {
   size_t size;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {SafetensorsDtype::kF64, "F64", 8},  {SafetensorsDtype::kF32, "F32", 4},
-    {SafetensorsDtype::kF16, "F16", 2},  {SafetensorsDtype::kBF16, "BF16", 2},
-    {SafetensorsDtype::kI64, "I64", 8},  {SafetensorsDtype::kI32, "I32", 4},
-    {SafetensorsDtype::kI16, "I16", 2},  {SafetensorsDtype::kI8, "I8", 1},
-    {SafetensorsDtype::kU8, "U8", 1},    {SafetensorsDtype::kBool, "BOOL", 1},
+    {SafetensorsDtype::kF64, "F64", 8}, {SafetensorsDtype::kF32, "F32", 4},
+    {SafetensorsDtype::kF16, "F16", 2}, {SafetensorsDtype::kBF16, "BF16", 2},
+    {SafetensorsDtype::kI64, "I64", 8}, {SafetensorsDtype::kI32, "I32", 4},
+    {SafetensorsDtype::kI16, "I16", 2}, {SafetensorsDtype::kI8, "I8", 1},
+    {SafetensorsDtype::kU8, "U8", 1},   {SafetensorsDtype::kBool, "BOOL", 1},
 };
 
 const DtypeInfo& Info(SafetensorsDtype dtype) {
@@ -71,10 +71,13 @@ const Value* Field(const google::protobuf::Struct& s, const std::string& key) {
   return it == s.fields().end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Value& value, uint64_t data_size) {
+absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Value& value,
+                                            uint64_t data_size) {
   SafetensorsEntry e;
   e.name = name;
-  const auto fail = [&name](absl::string_view problem) { return internal::TensorError(name, problem); };
+  const auto fail = [&name](absl::string_view problem) {
+    return internal::TensorError(name, problem);
+  };
   if (value.kind_case() != Value::kStructValue) return fail("entry is not a JSON object");
   const google::protobuf::Struct& entry = value.struct_value();
   for (const auto& [key, unused] : entry.fields()) {
@@ -169,12 +172,13 @@ absl::Status CheckLayout(const std::vector<SafetensorsEntry>& entries, uint64_t 
   for (const SafetensorsEntry* e : order) {
     const std::string range = absl::StrCat("data_offsets [", e->begin, ",", e->end, "]");
     if (e->begin < expected) {
-      return internal::TensorError(e->name, absl::StrCat(range, " overlap tensor ", QuotedName(previous->name),
-                                               " at [", previous->begin, ",", previous->end, "]"));
+      return internal::TensorError(
+          e->name, absl::StrCat(range, " overlap tensor ", QuotedName(previous->name), " at [",
+                                previous->begin, ",", previous->end, "]"));
     }
     if (e->begin > expected) {
-      return internal::TensorError(e->name, absl::StrCat(range, " leave a gap: bytes [", expected, ",",
-                                               e->begin, ") belong to no tensor"));
+      return internal::TensorError(e->name, absl::StrCat(range, " leave a gap: bytes [", expected,
+                                                         ",", e->begin, ") belong to no tensor"));
     }
     expected = e->end;
     previous = e;
@@ -243,13 +247,12 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
       const auto byte = static_cast<unsigned char>(out.data[i]);
       if (byte > 1) {
         return internal::TensorError(e.name, absl::StrCat("BOOL element ", i - e.begin, " is byte ",
-                                                static_cast<int>(byte), ", not 0 or 1"));
+                                                          static_cast<int>(byte), ", not 0 or 1"));
       }
     }
   }
   return out;
 }
-
 
 absl::Status ValidateSafetensors(absl::string_view bytes) {
   return ParseSafetensorsHeader(bytes).status();
