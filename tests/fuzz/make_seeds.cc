@@ -212,7 +212,9 @@ class Program {
     if (dataset) B(0);
     B(kProtocol);
   }
-  void Begin(int slot) { B(2), B(slot - 1), B(kProtocol), B(kProtocol), B(kProtocol), B(kProtocol); }
+  void Begin(int slot) {
+    B(2), B(slot - 1), B(kProtocol), B(kProtocol), B(kProtocol), B(kProtocol);
+  }
   void Complete(int slot, bool found_inf = false) {
     B(3), B(slot - 1), B(kProtocol), B(kProtocol), B(kProtocol), B(kProtocol), B(kProtocol);
     B(found_inf ? 1 : 0), B(kProtocol), B(kProtocol), B(kProtocol);
