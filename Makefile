@@ -35,4 +35,45 @@ bench: build
 	./tests/bench/run.sh
 
 clean:
-	rm -rf $(BUILD_DIR) build-debian13
+	rm -rf $(BUILD_DIR) build-debian13 $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR)
+
+# --- Sanitizers and fuzzing (issue 15; README "Tests", SECURITY.md) ------------------------
+# Clang 14 builds without LibTorch (coordinator, client, common, the worker's data readers and
+# checkpoint formats), each in its own build directory. One ASan+UBSan build serves both
+# check-asan and the fuzzers. -O1 with line tables: reports name file:line, builds stay cheap.
+SAN_CXX ?= clang++-14
+ASAN_BUILD_DIR ?= build-asan
+TSAN_BUILD_DIR ?= build-tsan
+FUZZ_SECONDS ?= 300
+FUZZ_JOBS ?= 2
+SAN_CMAKE_FLAGS = -DCMAKE_CXX_COMPILER=$(SAN_CXX) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" -DTRAINSTEP_BUILD_WORKER=OFF
+# Any report fails the test that triggered it (sanitized child processes included).
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TSAN_ENV = TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  LD_PRELOAD=$(abspath $(TSAN_BUILD_DIR))/lib/libtrainstep_tsan_absl_shim.so
+SAN_CTEST = ctest --output-on-failure -j $(JOBS) --timeout 900
+
+.PHONY: configure-asan check-asan fuzz configure-tsan check-tsan
+
+configure-asan: deps
+	cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja $(SAN_CMAKE_FLAGS) \
+	  -DTRAINSTEP_SANITIZE=address,undefined -DTRAINSTEP_FUZZ=ON
+
+# Every test of that build under ASan + UBSan, the fuzz corpora replayed once included.
+check-asan: configure-asan
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	$(ASAN_ENV) $(SAN_CTEST) --test-dir $(ASAN_BUILD_DIR)
+
+# Every fuzz target for FUZZ_SECONDS (default 300), FUZZ_JOBS at a time; CI runs 60 s.
+fuzz: configure-asan
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	./tests/fuzz/run.sh $(ASAN_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_JOBS)
+
+configure-tsan: deps
+	cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(SAN_CMAKE_FLAGS) -DTRAINSTEP_SANITIZE=thread
+
+check-tsan: configure-tsan
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS)
+	$(TSAN_ENV) $(SAN_CTEST) --test-dir $(TSAN_BUILD_DIR)
