@@ -438,7 +438,14 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir
     // Make the truncation durable before appending, or a crash could revive the torn bytes
     // in the middle of the log.
     if (!scan.tail_problem.empty()) RETURN_IF_ERROR(log->Sync());
-    if (scan.format == 1) {
+    if (scan.format == 1 && scan.intact_bytes == 0) {
+      // A format-1 log with no record left (its only record was torn): rewrite it as an empty
+      // format-2 log. Left empty, it would be an old log with no file header, which the next
+      // Open must refuse as damaged.
+      log->Close().IgnoreError();
+      ASSIGN_OR_RETURN(log, CreateLog(env, log_path));
+      RETURN_IF_ERROR(env->SyncDir(dir));
+    } else if (scan.format == 1) {
       // Never mix formats in one file: continue in a new format-2 log.
       log->Close().IgnoreError();
       log_number = live[i] + 1;

@@ -15,7 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainstep::ckpt;
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(bytes);
-  FUZZ_CHECK(ValidateSafetensors(bytes) == header.status());
+  const absl::Status validated = ValidateSafetensors(bytes);
+  FUZZ_CHECK(validated == header.status(),
+             validated.ToString() + "\nvs\n" + header.status().ToString());
   if (!header.ok()) {
     FUZZ_CHECK(header.status().code() == absl::StatusCode::kInvalidArgument,
                header.status().ToString());

@@ -59,7 +59,7 @@ v1::JobSpec SmallJob(FuzzInput& in) {
   if (knobs & 8) {
     absl::StrAppend(&json, R"(,"stop":{"max_updates":)", stop, "}");
   } else {
-    absl::StrAppend(&json, R"(,"stop":{"epochs":)", (stop + 1) / 3, "}");
+    absl::StrAppend(&json, R"(,"stop":{"epochs":)", stop > 3 ? 2 : 1, "}");
   }
   if (knobs & 16) {
     const int64_t every = in.Range(1, 3);

@@ -57,20 +57,20 @@ using absl::Time;
 
 // Every name below is the mangled name of the function it replaces (nm -D
 // libabsl_synchronization.so); Debian's Abseil puts everything in the inline namespace debian3.
-#define SHIM(ret, mangled, params, args, before, after)                            \
-  extern "C" ret mangled params {                                                  \
-    static const auto real = Real<ret(*) params>(#mangled);                        \
-    before;                                                                        \
-    auto result = real args;                                                       \
-    after;                                                                         \
-    return result;                                                                 \
+#define SHIM(ret, mangled, params, args, before, after)     \
+  extern "C" ret mangled params {                           \
+    static const auto real = Real<ret(*) params>(#mangled); \
+    before;                                                 \
+    auto result = real args;                                \
+    after;                                                  \
+    return result;                                          \
   }
-#define SHIM_VOID(mangled, params, args, before, after)                            \
-  extern "C" void mangled params {                                                 \
-    static const auto real = Real<void(*) params>(#mangled);                       \
-    before;                                                                        \
-    real args;                                                                     \
-    after;                                                                         \
+#define SHIM_VOID(mangled, params, args, before, after)      \
+  extern "C" void mangled params {                           \
+    static const auto real = Real<void(*) params>(#mangled); \
+    before;                                                  \
+    real args;                                               \
+    after;                                                   \
   }
 
 // Mutex: acquire after every way of taking it, release before every way of giving it up.
@@ -82,8 +82,8 @@ SHIM(bool, _ZN4absl7debian35Mutex7TryLockEv, (Mutex * m), (m), , if (result) Acq
 SHIM(bool, _ZN4absl7debian35Mutex13ReaderTryLockEv, (Mutex * m), (m), , if (result) Acquire(m))
 SHIM_VOID(_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE, (Mutex * m, const Condition& c),
           (m, c), , Acquire(m))
-SHIM_VOID(_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE,
-          (Mutex * m, const Condition& c), (m, c), , Acquire(m))
+SHIM_VOID(_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE, (Mutex * m, const Condition& c),
+          (m, c), , Acquire(m))
 // The timed variants return with the lock held whatever they return.
 SHIM(bool, _ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE,
      (Mutex * m, const Condition& c, Duration d), (m, c, d), , Acquire(m))

@@ -80,11 +80,15 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const Value
   };
   if (value.kind_case() != Value::kStructValue) return fail("entry is not a JSON object");
   const google::protobuf::Struct& entry = value.struct_value();
+  // The first unknown key in sorted order, so the error does not depend on hash-map order.
+  const std::string* unknown = nullptr;
   for (const auto& [key, unused] : entry.fields()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return fail(absl::StrCat("unknown field ", QuotedName(key)));
+    if (key != "dtype" && key != "shape" && key != "data_offsets" &&
+        (unknown == nullptr || key < *unknown)) {
+      unknown = &key;
     }
   }
+  if (unknown != nullptr) return fail(absl::StrCat("unknown field ", QuotedName(*unknown)));
 
   const Value* dtype = Field(entry, "dtype");
   if (dtype == nullptr) return fail("missing \"dtype\"");

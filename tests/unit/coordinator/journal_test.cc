@@ -468,6 +468,24 @@ TEST_F(JournalTest, Format1JournalIsReadAndContinuedInFormat2) {
   EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000004", "log-000004"));
 }
 
+// Catches a journal that recovers once and then refuses to open: a format-1 log whose only
+// record was torn was truncated to 0 bytes and left as an old log without a file header, which
+// the next Open took for damage (found by journal_fuzz; tests/fuzz/corpus/journal/ has it).
+TEST_F(JournalTest, Format1LogWithOnlyATornRecordStaysOpenable) {
+  ASSERT_TRUE(env_.CreateDirs(kDir).ok());
+  ASSERT_TRUE(env_.NewWritableFile(LogPath(1)).ok());
+  env_.fs().SetContents(LogPath(1), LegacyFrame("lost").substr(0, 6));
+  RecoveredJournal recovered = Reopen();
+  EXPECT_THAT(recovered.records, IsEmpty());
+  ASSERT_EQ(recovered.warnings.size(), 1u);
+  EXPECT_THAT(recovered.warnings[0], HasSubstr("dropped torn record"));
+  AppendAll(journal_.get(), {"a"});
+  EXPECT_EQ(*env_.fs().Contents(LogPath(1)), LogFile({"a"}));  // Now a format-2 log.
+  recovered = Reopen();
+  EXPECT_THAT(recovered.records, ElementsAre("a"));
+  EXPECT_THAT(recovered.warnings, IsEmpty());
+}
+
 // Format 1 could not protect its lengths; catches its damage being judged as loosely as
 // before (a flipped length dropping every later record) or a real torn tail refusing to open.
 TEST_F(JournalTest, Format1DamageIsJudgedStrictly) {
