@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 # The worker is ON explicitly, so a build directory configured without it is corrected.
 CMAKE_FLAGS ?= -DTRAINSTEP_BUILD_WORKER=ON
 
-.PHONY: deps configure build test test-unit demo bench check-gpu-build clean
+.PHONY: deps configure build test test-unit check-format demo bench check-gpu-build clean
 
 deps:
 	./scripts/install-deps.sh
@@ -19,6 +19,10 @@ build: configure
 # Every test: unit, integration, conformance. Bounded per test by CTest timeouts.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
+
+# Every tracked C++ file as clang-format (.clang-format: Google, 100 columns) writes it.
+check-format: deps
+	./scripts/check-format.sh
 
 test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -L unit

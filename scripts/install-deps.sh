@@ -15,6 +15,7 @@ PACKAGES=(
   libabsl-dev
   prometheus-cpp-dev prometheus
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format  # make check-format (CI)
   python3 python3-torch
   debootstrap  # the Debian 13 root of `make check-gpu-build`
   python3-grpcio python3-protobuf  # the Python client (client/python) and its tests
