@@ -5,12 +5,14 @@
 set -euo pipefail
 
 # LibTorch does its fp32 GEMMs through whatever libblas.so.3 is. Debian's default is the
-# reference BLAS, ~50x slower than OpenBLAS (BENCHMARKS.md, "BLAS"); of OpenBLAS's two
-# builds the pthread one served the worker best there.
-OPENBLAS=openblas-pthread
+# reference BLAS, ~10x slower than OpenBLAS for the worker (BENCHMARKS.md, "BLAS"). Of
+# OpenBLAS's two builds the OpenMP one serves it best: equal with one thread per worker, 2.7x
+# faster with one worker on every core (the pthread build's own pool fights LibTorch's
+# OpenMP pool). The pthread build is installed too: worker_blas_test starts workers on it.
+OPENBLAS=openblas-openmp
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates curl
-  libtorch-dev libgloo-dev libopenblas0-pthread
+  libtorch-dev libgloo-dev libopenblas0-openmp libopenblas0-pthread
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev
   prometheus-cpp-dev prometheus
@@ -48,8 +50,9 @@ else
 fi
 
 # Installing OpenBLAS switches the alternatives only where they are in auto mode. Switch them
-# where they name the reference BLAS/LAPACK (Debian's slow default) too; an implementation
-# the machine's owner chose (MKL, BLIS, OpenBLAS's OpenMP build) is left as it is.
+# where they name the reference BLAS/LAPACK (Debian's slow default) or the pthread build
+# (what this script chose before) too; an implementation the machine's owner chose (MKL,
+# BLIS) is left as it is.
 MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 for lib in libblas.so.3 liblapack.so.3; do
   name="$lib-$MULTIARCH"
@@ -57,7 +60,8 @@ for lib in libblas.so.3 liblapack.so.3; do
   current=$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p')
   case "$current" in
     "$want") ;;
-    "" | "/usr/lib/$MULTIARCH/blas/$lib" | "/usr/lib/$MULTIARCH/lapack/$lib")
+    "" | "/usr/lib/$MULTIARCH/blas/$lib" | "/usr/lib/$MULTIARCH/lapack/$lib" | \
+      "/usr/lib/$MULTIARCH/openblas-pthread/$lib")
       echo "install-deps: $lib -> $want"
       $SUDO update-alternatives --quiet --set "$name" "$want"
       ;;

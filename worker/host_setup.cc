@@ -63,16 +63,19 @@ Fn OpenBlasFn(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
 }
 
+// openblas_get_parallel(): 0 sequential, 1 pthread, 2 OpenMP; -1 where it cannot be asked.
+int OpenBlasParallel() {
+  auto parallel = OpenBlasFn<int (*)()>("openblas_get_parallel");
+  return parallel == nullptr ? -1 : parallel();
+}
+
 std::string OpenBlasConfig() {
   auto config = OpenBlasFn<char* (*)()>("openblas_get_config");
-  auto parallel = OpenBlasFn<int (*)()>("openblas_get_parallel");
   if (config == nullptr) return "";
   std::string out = config();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH … Haswell MAX_THREADS=64"
   if (absl::StartsWith(out, "OpenBLAS ")) out = out.substr(9);
-  if (parallel != nullptr) {
-    const int p = parallel();
-    absl::StrAppend(&out, p == 0 ? " (sequential)" : p == 1 ? " (pthread)" : " (openmp)");
-  }
+  const int p = OpenBlasParallel();
+  if (p >= 0) absl::StrAppend(&out, p == 0 ? " (sequential)" : p == 1 ? " (pthread)" : " (openmp)");
   return out;
 }
 
@@ -82,7 +85,10 @@ absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo
   HostSetup host;
   host.cpu = ParseCpuInfo(ReadText(cpuinfo_path.empty() ? "/proc/cpuinfo" : cpuinfo_path));
   host.blas = FindBlas(ReadText("/proc/self/maps"));
-  if (host.blas.kind == BlasLibrary::Kind::kOpenBlas) host.blas_config = OpenBlasConfig();
+  if (host.blas.kind == BlasLibrary::Kind::kOpenBlas) {
+    host.blas_config = OpenBlasConfig();
+    host.blas_own_pool = OpenBlasParallel() == 1;
+  }
 
   ThreadSources in;
   in.flag = threads_flag;
@@ -120,8 +126,16 @@ std::vector<std::string> HostWarnings(const HostSetup& host) {
   std::vector<std::string> out;
   if (host.blas.kind == BlasLibrary::Kind::kReference) {
     out.push_back(absl::StrCat("fp32 matrix products run on the reference BLAS (", host.blas.path,
-                               "), about 50x slower than OpenBLAS: install libopenblas0-pthread "
+                               "), about 50x slower than OpenBLAS: install libopenblas0-openmp "
                                "(scripts/install-deps.sh does) so that libblas.so.3 points at it"));
+  }
+  if (host.blas_own_pool && host.threads.threads > 1) {
+    out.push_back(absl::StrCat(
+        "OpenBLAS's pthread build keeps a thread pool of its own beside LibTorch's OpenMP pool: "
+        "with ",
+        host.threads.threads,
+        " threads they contend (a quarter of the OpenMP build's throughput measured, "
+        "BENCHMARKS.md \"BLAS\"); install libopenblas0-openmp and point libblas.so.3 at it"));
   }
   if (host.threads.threads > host.threads.cores) {
     out.push_back(absl::StrCat(host.threads.threads, " threads (", host.threads.why, ") on ",

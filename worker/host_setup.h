@@ -17,7 +17,9 @@ struct HostSetup {
   CpuInfo cpu;
   BlasLibrary blas;
   std::string
-      blas_config;  // OpenBLAS: version, build, kernels, threading: "0.3.21 … Haswell … (pthread)"
+      blas_config;  // OpenBLAS: version, build, kernels, threading: "0.3.21 … Haswell … (openmp)"
+  // OpenBLAS's pthread build: a thread pool of its own beside LibTorch's OpenMP one.
+  bool blas_own_pool = false;
   ThreadPlan threads;
 };
 
@@ -29,7 +31,7 @@ absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo
 // One line for the start-up log: CPU, native bf16, BLAS, threads.
 std::string DescribeHost(const HostSetup& host);
 // What an operator should change: the reference BLAS (fp32 GEMMs ~50x slower than
-// OpenBLAS), more threads than cores.
+// OpenBLAS), more threads than cores, OpenBLAS's pthread build with more than one thread.
 std::vector<std::string> HostWarnings(const HostSetup& host);
 // The same as one JSON object, for scripts (deploy/local/demo.sh chooses its precision).
 std::string HostJson(const HostSetup& host);

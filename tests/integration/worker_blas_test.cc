@@ -71,6 +71,20 @@ class WorkerBlasTest : public testing::ClusterTest {
       EXPECT_TRUE(absl::StrContains(line, absl::StrCat("(", dir, "/"))) << log;
     }
   }
+
+  // OpenBLAS's `build` ("openmp": the one install-deps.sh makes libblas.so.3; "pthread")
+  // chosen for the workers alone: proves the fix on a machine whose alternative still points at
+  // the reference BLAS, for each build's static TLS.
+  void ExpectWorkersTrainWithOpenBlasBuild(const std::string& build) {
+    const std::string dir = absl::StrCat(kLibDir, "/openblas-", build);
+    ASSERT_TRUE(std::filesystem::exists(dir + "/libblas.so.3"))
+        << "libopenblas0-" << build << " is not installed: run scripts/install-deps.sh";
+    const std::vector<std::string> logs = TrainTwoWorkers(dir);
+    ExpectBlas(logs, "OpenBLAS", dir);
+    for (const std::string& log : logs) {
+      EXPECT_TRUE(absl::StrContains(LineWith(log, "blas: "), absl::StrCat("(", build, ")"))) << log;
+    }
+  }
 };
 
 // Whatever the libblas.so.3 alternative points at (OpenBLAS in CI: scripts/install-deps.sh
@@ -83,17 +97,12 @@ TEST_F(WorkerBlasTest, WorkersTrainWithTheSystemBlas) {
   ExpectBlas(TrainTwoWorkers(""), openblas ? "OpenBLAS" : "reference BLAS", dir.string());
 }
 
-// OpenBLAS (pthread build, the one install-deps.sh installs) chosen for the workers alone:
-// proves the fix on a machine whose alternative still points at the reference BLAS.
-TEST_F(WorkerBlasTest, WorkersTrainWithOpenBlas) {
-  const std::string dir = absl::StrCat(kLibDir, "/openblas-pthread");
-  ASSERT_TRUE(std::filesystem::exists(dir + "/libblas.so.3"))
-      << "libopenblas0-pthread is not installed: run scripts/install-deps.sh";
-  const std::vector<std::string> logs = TrainTwoWorkers(dir);
-  ExpectBlas(logs, "OpenBLAS", dir);
-  for (const std::string& log : logs) {
-    EXPECT_TRUE(absl::StrContains(LineWith(log, "blas: "), "(pthread)")) << log;
-  }
+TEST_F(WorkerBlasTest, WorkersTrainWithOpenBlasOpenMpBuild) {
+  ExpectWorkersTrainWithOpenBlasBuild("openmp");
+}
+
+TEST_F(WorkerBlasTest, WorkersTrainWithOpenBlasPthreadBuild) {
+  ExpectWorkersTrainWithOpenBlasBuild("pthread");
 }
 
 // The reference BLAS, chosen with LD_LIBRARY_PATH: still trains, and the worker warns that

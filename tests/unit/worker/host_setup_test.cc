@@ -47,12 +47,27 @@ TEST(HostSetupTest, WarnsAboutTheReferenceBlasAndOversubscription) {
   std::vector<std::string> w = HostWarnings(Fixture(true, BlasLibrary::Kind::kReference));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("reference BLAS"), std::string::npos) << w[0];
-  EXPECT_NE(w[0].find("libopenblas0-pthread"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("libopenblas0-openmp"), std::string::npos) << w[0];
   HostSetup over = Fixture(true, BlasLibrary::Kind::kOpenBlas);
   over.threads.threads = 8;
   w = HostWarnings(over);
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("oversubscribe"), std::string::npos) << w[0];
+}
+
+// Catches: OpenBLAS's pthread build running a second thread pool beside LibTorch's with more
+// than one thread (0.25x of the OpenMP build's tokens/s here) without a word.
+TEST(HostSetupTest, WarnsAboutOpenBlasOwnPoolOnlyWithSeveralThreads) {
+  HostSetup h = Fixture(true, BlasLibrary::Kind::kOpenBlas);
+  h.blas_own_pool = true;
+  EXPECT_TRUE(HostWarnings(h).empty()) << "one thread: the pools cannot contend";
+  h.threads.threads = 2;
+  std::vector<std::string> w = HostWarnings(h);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("pthread build"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("libopenblas0-openmp"), std::string::npos) << w[0];
+  h.blas_own_pool = false;
+  EXPECT_TRUE(HostWarnings(h).empty()) << "the OpenMP build shares LibTorch's pool";
 }
 
 // Catches: demo.sh's `"native_bf16": true|false` field renamed or malformed.
