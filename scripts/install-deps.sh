@@ -51,10 +51,12 @@ fi
 
 # Installing OpenBLAS switches the alternatives only where they are in auto mode. Switch them
 # where they name the reference BLAS/LAPACK (Debian's slow default) or the pthread build
-# (what this script chose before) too; an implementation the machine's owner chose (MKL,
-# BLIS) is left as it is.
+# (what this script chose before, and the auto choice when both builds are installed) too;
+# an implementation the machine's owner chose (MKL, BLIS) is left as it is.
+# libopenblas.so.0 too: the OpenMP build's libblas.so.3 is a thin wrapper that loads
+# libopenblas.so.0 by that name, so without it the process would run the pthread build.
 MULTIARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
-for lib in libblas.so.3 liblapack.so.3; do
+for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
   name="$lib-$MULTIARCH"
   want="/usr/lib/$MULTIARCH/$OPENBLAS/$lib"
   current=$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p')
