@@ -1021,6 +1021,11 @@ TEST(StepMachineTest, ReportsOutOfRangeAreRefusedNamingTheField) {
   RankReport minus_inf;
   minus_inf.grad_norm = -kInf;
   EXPECT_EQ(CodeOf(sim2.Complete(0, 1, minus_inf)), absl::StatusCode::kInvalidArgument);
+  RankReport negative_scaled;
+  negative_scaled.grad_norm_scaled = -2;
+  c = sim2.Complete(0, 1, negative_scaled);
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.grad_norm_scaled must be ≥ 0"));
   RankReport many_steps;
   many_steps.micro_steps = kMax;
   c = sim2.Complete(0, 1, many_steps);
