@@ -1,5 +1,6 @@
 #include "client/commands.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -314,6 +315,7 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
                                p.windows_skipped(), ", aborted ", p.windows_aborted(), ")")},
       {"scheduler step", absl::StrCat(p.scheduler_step())},
       {"epoch", absl::StrCat(p.epoch())},
+      {"micro-step id", absl::StrCat(p.micro_step_id())},
       {"windows per epoch", count_or_dash(p.windows_per_epoch())},
       {"dataset samples", count_or_dash(p.dataset_samples())},
       {"generation", absl::StrCat(p.generation())},
@@ -329,6 +331,13 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
                     ")")},
   };
   kv.insert(kv.end(), rest.begin(), rest.end());
+  if (job.spec().batch().tail() == v1::Batch::drop) {
+    // Every epoch drops as many samples; the latest epoch's record names them.
+    kv.emplace_back("dropped tail", p.has_last_dropped_tail()
+                                        ? absl::StrCat(p.dropped_samples(), " samples so far; ",
+                                                       DroppedTailText(p.last_dropped_tail()))
+                                        : absl::StrCat(p.dropped_samples(), " samples so far"));
+  }
   std::string spec = JobSpecToJson(job.spec(), /*pretty=*/true);
   absl::StripTrailingAsciiWhitespace(&spec);
   *ctx.out << RenderKeyValues(kv) << "spec:\n" << spec << "\n";
@@ -513,22 +522,45 @@ int JobLogs(const CommandContext& ctx, const std::string& job_id) {
     *ctx.err << "no updates yet for " << job_id << "\n";
     return kExitOk;
   }
+  // The scaled norm only for a job with a loss scaler (every commit of it has one).
+  const bool scaled = std::any_of(records.begin(), records.end(), [](const v1::UpdateRecord& r) {
+    return r.has_grad_norm_scaled();
+  });
   std::vector<std::vector<Cell>> rows;
   for (const v1::UpdateRecord& r : records) {
     const Color c = r.outcome() == "abort"  ? Color::kRed
                     : r.outcome() == "skip" ? Color::kYellow
                                             : Color::kNone;
-    rows.push_back(
-        {absl::StrCat(r.window_id()), absl::StrCat(r.generation()), absl::StrCat(r.world_size()),
-         Cell(r.outcome(), c), r.reason().empty() ? "-" : r.reason(),
-         absl::StrCat(r.optimizer_update_id()), absl::StrFormat("%.5g", r.loss()),
-         absl::StrFormat("%g", r.learning_rate()), FormatLossScale(r.loss_scale()),
-         absl::StrFormat("%.2f->%.2f", r.grad_norm_pre_clip(), r.grad_norm_post_clip()),
-         absl::StrCat(r.global_valid_tokens()), absl::StrFormat("%.3f", r.window_seconds())});
+    std::vector<Cell> row = {absl::StrCat(r.window_id()),
+                             absl::StrCat(r.generation()),
+                             absl::StrCat(r.world_size()),
+                             Cell(r.outcome(), c),
+                             r.reason().empty() ? "-" : r.reason(),
+                             absl::StrCat(r.optimizer_update_id()),
+                             absl::StrCat(r.micro_step_id()),
+                             absl::StrFormat("%.5g", r.loss()),
+                             absl::StrFormat("%g", r.learning_rate()),
+                             FormatLossScale(r.loss_scale())};
+    if (scaled) {
+      row.push_back(r.has_grad_norm_scaled() ? absl::StrFormat("%.4g", r.grad_norm_scaled())
+                                             : std::string("-"));
+    }
+    std::string note = r.tail_window() ? "tail window" : "";
+    if (r.has_dropped_tail()) note = absl::StrCat("dropped ", DroppedTailText(r.dropped_tail()));
+    const std::vector<Cell> rest = {
+        absl::StrFormat("%.2f->%.2f", r.grad_norm_pre_clip(), r.grad_norm_post_clip()),
+        absl::StrCat(r.global_valid_tokens()), absl::StrFormat("%.3f", r.window_seconds()),
+        r.has_update_interval_seconds() ? absl::StrFormat("%.3f", r.update_interval_seconds())
+                                        : std::string("-"),
+        note};
+    row.insert(row.end(), rest.begin(), rest.end());
+    rows.push_back(std::move(row));
   }
-  *ctx.out << RenderTable({"WINDOW", "GEN", "WORLD", "OUTCOME", "REASON", "UPDATE", "LOSS", "LR",
-                           "SCALE", "NORM", "TOKENS", "SECONDS"},
-                          rows, ctx.color_out);
+  std::vector<std::string> header = {"WINDOW", "GEN",   "WORLD", "OUTCOME", "REASON",
+                                     "UPDATE", "MICRO", "LOSS",  "LR",      "SCALE"};
+  if (scaled) header.push_back("SCALED NORM");
+  for (const char* h : {"NORM", "TOKENS", "SECONDS", "INTERVAL", "NOTE"}) header.push_back(h);
+  *ctx.out << RenderTable(header, rows, ctx.color_out);
   return kExitOk;
 }
 

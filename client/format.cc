@@ -195,7 +195,26 @@ std::string UpdateLine(const v1::UpdateRecord& r) {
       &s, " update=", r.optimizer_update_id(), " loss=", absl::StrFormat("%.5g", r.loss()),
       " lr=", absl::StrFormat("%g", r.learning_rate()), " scale=", FormatLossScale(r.loss_scale()),
       " norm=", absl::StrFormat("%.2f->%.2f", r.grad_norm_pre_clip(), r.grad_norm_post_clip()),
-      " tokens=", r.global_valid_tokens());
+      " tokens=", r.global_valid_tokens(), " micro_step=", r.micro_step_id());
+  if (r.has_update_interval_seconds()) {
+    absl::StrAppend(&s, absl::StrFormat(" interval=%.3fs", r.update_interval_seconds()));
+  }
+  if (r.tail_window()) absl::StrAppend(&s, " tail");
+  if (r.has_dropped_tail()) absl::StrAppend(&s, " dropped=", r.dropped_tail().samples());
+  return s;
+}
+
+std::string DroppedTailText(const v1::DroppedTail& d) {
+  constexpr int kShown = 8;
+  std::string s = absl::StrCat("epoch ", d.epoch(), ": ", d.samples(), " samples, positions ",
+                               d.first_position(), "-", d.first_position() + d.samples() - 1);
+  if (d.sample_ids().empty()) return s;
+  absl::StrAppend(&s, ", ids");
+  for (int i = 0; i < d.sample_ids_size() && i < kShown; ++i) {
+    absl::StrAppend(&s, " ", d.sample_ids(i));
+  }
+  if (d.sample_ids_size() > kShown)
+    absl::StrAppend(&s, " … (", d.sample_ids_size() - kShown, " more)");
   return s;
 }
 

@@ -73,9 +73,15 @@ struct ProgressView {
 std::string ProgressLine(const ProgressView& view);
 
 // One line per record when the progress is not drawn live:
-// "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 tokens=4096";
-// a skip or abort carries its reason after the outcome ("window 13 skip OVERFLOW ...").
+// "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 tokens=4096
+// micro_step=96 interval=1.250s"; a skip or abort carries its reason after the outcome
+// ("window 13 skip OVERFLOW ..."); "tail" marks a short tail window, "dropped=4" an epoch
+// whose tail was dropped.
 std::string UpdateLine(const v1::UpdateRecord& record);
+
+// "epoch 1: 4 samples, positions 40-43, ids 40 41 42 43": the first 8 ids, then how many more
+// (`job logs` lists them all); no ids when the record lists none.
+std::string DroppedTailText(const v1::DroppedTail& dropped);
 
 // The largest number of optimizer updates the job can reach: stop.max_updates, else
 // windows_per_epoch × epochs once the dataset is known; 0 = not known.

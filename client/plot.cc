@@ -24,6 +24,8 @@ constexpr char kLrColor[] = "#2ca02c";
 constexpr char kScaleColor[] = "#9467bd";
 constexpr char kPreClipColor[] = "#8c564b";
 constexpr char kPostClipColor[] = "#17becf";
+constexpr char kScaledColor[] = "#7f7f7f";
+constexpr char kIntervalColor[] = "#bcbd22";
 constexpr char kSkipColor[] = "#ff7f0e";
 constexpr char kAbortColor[] = "#d62728";
 constexpr char kGridColor[] = "#e9ecef";
@@ -301,10 +303,19 @@ std::string RenderPlotSvg(const PlotInput& input) {
   Panel norm{"gradient norm",
              false,
              {{"pre-clip", kPreClipColor, {}, false}, {"post-clip", kPostClipColor, {}, false}}};
+  Panel interval{
+      "seconds between committed updates", false, {{"interval", kIntervalColor, {}, false}}};
+  Panel scaled{"gradient norm before unscale (log\u2082 axis; \u00f7 pre-clip = loss scale)",
+               true,
+               {{"scaled", kScaledColor, {}, false}}};
   std::vector<Mark> marks;
-  int64_t commits = 0, skips = 0, aborts = 0;
+  int64_t commits = 0, skips = 0, aborts = 0, dropped = 0, dropped_epochs = 0;
   for (const v1::UpdateRecord& r : input.records) {
     const double id = static_cast<double>(r.optimizer_update_id());
+    if (r.has_dropped_tail()) {
+      dropped += r.dropped_tail().samples();
+      ++dropped_epochs;
+    }
     if (r.outcome() == "commit") {
       ++commits;
       loss.series[0].points.push_back({id, r.loss()});
@@ -312,6 +323,10 @@ std::string RenderPlotSvg(const PlotInput& input) {
       norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
       norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
       scale.series[0].points.push_back({id, r.loss_scale()});
+      if (r.has_update_interval_seconds()) {
+        interval.series[0].points.push_back({id, r.update_interval_seconds()});
+      }
+      if (r.has_grad_norm_scaled()) scaled.series[0].points.push_back({id, r.grad_norm_scaled()});
       continue;
     }
     const bool abort = r.outcome() != "skip";
@@ -323,7 +338,10 @@ std::string RenderPlotSvg(const PlotInput& input) {
     // A skip can change the scale (overflow backs it off); an abort changes nothing.
     if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
   }
-  const std::vector<Panel> panels = {loss, lr, scale, norm};
+  std::vector<Panel> panels = {loss, lr, scale, norm};
+  // The probe's panel only for a job with a loss scaler.
+  if (!scaled.series[0].points.empty()) panels.push_back(scaled);
+  panels.push_back(interval);
 
   // One x range for every panel: the data and the marks.
   double xlo = HUGE_VAL, xhi = -HUGE_VAL;
@@ -359,6 +377,10 @@ std::string RenderPlotSvg(const PlotInput& input) {
   std::string subtitle = absl::StrCat(
       input.records.size(), input.records.size() == 1 ? " window: " : " windows: ", commits,
       " committed, ", skips, " skipped, ", aborts, " aborted");
+  if (dropped_epochs > 0) {
+    absl::StrAppend(&subtitle, "; batch.tail drop left out ", dropped, " samples in ",
+                    dropped_epochs, dropped_epochs == 1 ? " epoch" : " epochs");
+  }
   Text(&svg, kLeft, 52, "font-size=\"12\" fill=\"#495057\"", subtitle);
   // The legend of the marks.
   const double ly = 52;

@@ -1,6 +1,7 @@
 // `trainstep job plot`: a job's per-update log drawn as one SVG document, written here by
 // hand (no plotting dependency). Stacked panels share the x axis (optimizer_update_id):
-// loss, learning rate, loss scale (log₂ axis) and gradient norm before and after clipping.
+// loss, learning rate, loss scale (log₂ axis), gradient norm before and after clipping, the
+// norm before unscaling (log₂ axis; only with a loss scaler) and the seconds between commits.
 // Skipped and aborted windows are marked in every panel. A pure function of its input.
 #ifndef TRAINSTEP_CLIENT_PLOT_H_
 #define TRAINSTEP_CLIENT_PLOT_H_

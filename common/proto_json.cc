@@ -37,47 +37,76 @@ std::string ShortestDouble(double v) {
 
 }  // namespace
 
-std::string RecordToJson(const google::protobuf::Message& record) {
+namespace {
+
+// One value of `f` (element `index` of a repeated field, else -1) as RecordToJson writes it.
+void AppendValue(std::string* out, const google::protobuf::Message& m,
+                 const google::protobuf::FieldDescriptor* f, int index) {
   using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      absl::StrAppend(out, rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      absl::StrAppend(out, rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      absl::StrAppend(out, rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      absl::StrAppend(out, rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      double v;
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+        v = rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f);
+      } else {
+        v = rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f);
+      }
+      absl::StrAppend(out, std::isfinite(v) ? ShortestDouble(v) : "null");
+      break;
+    }
+    case FieldDescriptor::CPPTYPE_BOOL:
+      absl::StrAppend(
+          out, (rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f)) ? "true" : "false");
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      absl::StrAppend(
+          out, JsonQuote((rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name()));
+      break;
+    case FieldDescriptor::CPPTYPE_STRING:
+      absl::StrAppend(out, JsonQuote(rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f)));
+      break;
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      absl::StrAppend(out,
+                      RecordToJson(rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f)));
+      break;
+  }
+}
+
+}  // namespace
+
+std::string RecordToJson(const google::protobuf::Message& record) {
   const google::protobuf::Descriptor* d = record.GetDescriptor();
   const google::protobuf::Reflection* r = record.GetReflection();
   std::string out = "{";
   for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
+    const google::protobuf::FieldDescriptor* f = d->field(i);
     absl::StrAppend(&out, i == 0 ? "" : ",", "\"", f->name(), "\":");
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_INT32:
-        absl::StrAppend(&out, r->GetInt32(record, f));
-        break;
-      case FieldDescriptor::CPPTYPE_INT64:
-        absl::StrAppend(&out, r->GetInt64(record, f));
-        break;
-      case FieldDescriptor::CPPTYPE_UINT32:
-        absl::StrAppend(&out, r->GetUInt32(record, f));
-        break;
-      case FieldDescriptor::CPPTYPE_UINT64:
-        absl::StrAppend(&out, r->GetUInt64(record, f));
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:
-      case FieldDescriptor::CPPTYPE_FLOAT: {
-        const double v = f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE ? r->GetDouble(record, f)
-                                                                          : r->GetFloat(record, f);
-        absl::StrAppend(&out, std::isfinite(v) ? ShortestDouble(v) : "null");
-        break;
+    if (f->is_repeated()) {
+      out += "[";
+      for (int k = 0; k < r->FieldSize(record, f); ++k) {
+        if (k > 0) out += ",";
+        AppendValue(&out, record, f, k);
       }
-      case FieldDescriptor::CPPTYPE_BOOL:
-        absl::StrAppend(&out, r->GetBool(record, f) ? "true" : "false");
-        break;
-      case FieldDescriptor::CPPTYPE_ENUM:
-        absl::StrAppend(&out, JsonQuote(r->GetEnum(record, f)->name()));
-        break;
-      case FieldDescriptor::CPPTYPE_STRING:
-        absl::StrAppend(&out, JsonQuote(r->GetString(record, f)));
-        break;
-      case FieldDescriptor::CPPTYPE_MESSAGE:
-        absl::StrAppend(&out, ToJson(r->GetMessage(record, f)));
-        break;
+      out += "]";
+    } else if (f->has_presence() && !r->HasField(record, f)) {
+      out += "null";  // an unset message or optional field: absent, not zero
+    } else {
+      AppendValue(&out, record, f, -1);
     }
   }
   out += "}";

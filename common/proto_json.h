@@ -11,9 +11,10 @@ namespace trainstep {
 
 std::string ToJson(const google::protobuf::Message& message, bool pretty = false);
 
-// A flat record (scalar fields only, like UpdateRecord) as one JSON line the way data tools
-// want it: 64-bit integers as numbers (protobuf's mapping quotes them), doubles at full
-// precision, non-finite doubles as null (JSON has no NaN). Nested fields use ToJson.
+// A record (like UpdateRecord) as one JSON line the way data tools want it: 64-bit integers
+// as numbers (protobuf's mapping quotes them), doubles at full precision, non-finite doubles
+// as null (JSON has no NaN), an unset message or `optional` field as null, repeated fields
+// as arrays, nested messages by the same rules. Every field present, in .proto order.
 std::string RecordToJson(const google::protobuf::Message& record);
 
 }  // namespace trainstep

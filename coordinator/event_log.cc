@@ -17,6 +17,19 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
           job.job_id(), r.window_id(), r.generation(), r.outcome(), r.reason().empty() ? "" : " ",
           r.reason(), r.optimizer_update_id(), r.loss(), r.learning_rate(), r.loss_scale(),
           r.grad_norm_pre_clip(), r.grad_norm_post_clip(), r.global_valid_tokens());
+      absl::StrAppend(&text, " micro_step=", r.micro_step_id());
+      if (r.has_update_interval_seconds()) {
+        absl::StrAppend(&text, absl::StrFormat(" interval=%.3fs", r.update_interval_seconds()));
+      }
+      if (r.has_grad_norm_scaled()) {
+        absl::StrAppend(&text, absl::StrFormat(" scaled_norm=%.4g", r.grad_norm_scaled()));
+      }
+      if (r.tail_window()) absl::StrAppend(&text, " tail");
+      if (r.has_dropped_tail()) {
+        absl::StrAppend(&text, " dropped=", r.dropped_tail().samples(), " (epoch ",
+                        r.dropped_tail().epoch(), ", positions ", r.dropped_tail().first_position(),
+                        "+)");
+      }
       std::string json = RecordToJson(r);
       json.insert(1, absl::StrCat("\"event\":\"window_ended\",\"training_job\":",
                                   JsonQuote(job.job_id()), ","));

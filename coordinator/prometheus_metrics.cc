@@ -25,6 +25,13 @@ const Histogram::BucketBoundaries& LatencyBuckets() {
   return *b;
 }
 
+// Seconds between commits: beyond LatencyBuckets' minute (large models, long windows).
+const Histogram::BucketBoundaries& IntervalBuckets() {
+  static const Histogram::BucketBoundaries* b = new Histogram::BucketBoundaries{
+      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800};
+  return *b;
+}
+
 std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(std::string(s)); }
 
 // The reasons step_machine.cc gives, lower-cased as the `reason` label.
@@ -60,6 +67,14 @@ PrometheusMetrics::PrometheusMetrics()
                     .Name("trainstep_stale_requests_rejected_total")
                     .Help("Worker calls refused as stale or out of protocol, by rpc and code")
                     .Register(*registry_)),
+      dropped_samples_(BuildCounter()
+                           .Name("trainstep_dropped_samples_total")
+                           .Help("Samples left out by the epochs ended so far (batch.tail drop)")
+                           .Register(*registry_)),
+      micro_step_id_(BuildGauge()
+                         .Name("trainstep_micro_step_id")
+                         .Help("Micro-batches of every committed or skipped window, all ranks")
+                         .Register(*registry_)),
       loss_scale_(BuildGauge()
                       .Name("trainstep_loss_scale")
                       .Help("Loss scale in force after the last window (1 without a scaler)")
@@ -78,7 +93,8 @@ PrometheusMetrics::PrometheusMetrics()
                 .Register(*registry_)),
       grad_norm_(BuildGauge()
                      .Name("trainstep_grad_norm")
-                     .Help("Global L2 gradient norm of the last committed window")
+                     .Help("Global L2 gradient norm of the last committed window (stage scaled: "
+                           "before unscaling, with a loss scaler)")
                      .Register(*registry_)),
       workers_(
           BuildGauge().Name("trainstep_workers").Help("Workers by state").Register(*registry_)),
@@ -122,7 +138,11 @@ PrometheusMetrics::PrometheusMetrics()
       fsync_(BuildHistogram()
                  .Name("trainstep_journal_fsync_seconds")
                  .Help("Journal group-commit write+fsync latency")
-                 .Register(*registry_)) {
+                 .Register(*registry_)),
+      update_interval_(BuildHistogram()
+                           .Name("trainstep_update_interval_seconds")
+                           .Help("Wall-clock time from one committed update to the next")
+                           .Register(*registry_)) {
   build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "coordinator"}}).Set(1);
 }
 
@@ -143,12 +163,14 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   world_size_.Add(l).Set(p.world_size());
   generation_.Add(l).Set(static_cast<double>(p.generation()));
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
+  micro_step_id_.Add(l).Set(static_cast<double>(p.micro_step_id()));
 }
 
 void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
   const Labels l = {{"training_job", job_id}};
   updates_.Add(l);
   tokens_.Add(l);
+  dropped_samples_.Add(l);
   for (const char* reason : kSkipReasons)
     skipped_.Add({{"training_job", job_id}, {"reason", reason}});
   for (const char* reason : kAbortReasons)
@@ -164,6 +186,9 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
   learning_rate_.Add(l).Set(r.learning_rate());
   update_tokens_.Add(l).Set(static_cast<double>(r.global_valid_tokens()));
   window_duration_.Add(l, LatencyBuckets()).Observe(r.window_seconds());
+  if (r.has_dropped_tail()) {
+    dropped_samples_.Add(l).Increment(static_cast<double>(r.dropped_tail().samples()));
+  }
   if (r.outcome() == "commit") {
     updates_.Add(l).Increment();
     tokens_.Add(l).Increment(static_cast<double>(r.global_valid_tokens()));
@@ -172,6 +197,12 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
               r.grad_norm_pre_clip());
     SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "post_clip"}}),
               r.grad_norm_post_clip());
+    if (r.has_grad_norm_scaled()) {
+      SetFinite(grad_norm_.Add({{"training_job", id}, {"stage", "scaled"}}), r.grad_norm_scaled());
+    }
+    if (r.has_update_interval_seconds()) {
+      update_interval_.Add(l, IntervalBuckets()).Observe(r.update_interval_seconds());
+    }
     last_commit_.Add(l).Set(static_cast<double>(r.end_time_ms()) / 1000.0);
   } else if (r.outcome() == "skip") {
     skipped_.Add({{"training_job", id}, {"reason", Lower(r.reason())}}).Increment();
@@ -204,6 +235,7 @@ void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
       InitJobCounters(job.job_id());
       updates_.Add(l).Increment(static_cast<double>(job.progress().windows_committed()));
       tokens_.Add(l).Increment(static_cast<double>(job.progress().cumulative_tokens()));
+      dropped_samples_.Add(l).Increment(static_cast<double>(job.progress().dropped_samples()));
     }
   }
   for (const auto& [state, n] : by_state) jobs_.Add({{"state", state}}).Set(n);

@@ -55,6 +55,8 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& aborted_;
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& dropped_samples_;
+  prometheus::Family<prometheus::Gauge>& micro_step_id_;
   prometheus::Family<prometheus::Gauge>& loss_scale_;
   prometheus::Family<prometheus::Gauge>& learning_rate_;
   prometheus::Family<prometheus::Gauge>& update_tokens_;
@@ -72,6 +74,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Histogram>& window_duration_;
   prometheus::Family<prometheus::Histogram>& barrier_wait_;
   prometheus::Family<prometheus::Histogram>& fsync_;
+  prometheus::Family<prometheus::Histogram>& update_interval_;
 
   absl::Mutex mu_;  // prometheus-cpp metrics are thread-safe; this guards seen_jobs_
   std::set<std::string> seen_jobs_ ABSL_GUARDED_BY(mu_);

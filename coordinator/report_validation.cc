@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -70,10 +71,13 @@ absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
     return s;
   }
   // A norm is never negative; NaN and +inf are reports of overflow, not errors.
-  if (req.grad_norm() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s.grad_norm must be ≥ 0 (or NaN/+inf for an overflowed gradient), got %g",
-                        kRequest, req.grad_norm()));
+  for (const auto& [field, norm] : {std::pair<const char*, double>{"grad_norm", req.grad_norm()},
+                                    {"grad_norm_scaled", req.grad_norm_scaled()}}) {
+    if (norm < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.%s must be ≥ 0 (or NaN/+inf for an overflowed gradient), got %g",
+                          kRequest, field, norm));
+    }
   }
   return absl::OkStatus();
 }

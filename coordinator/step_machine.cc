@@ -90,7 +90,11 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   for (const v1::UpdateRecord& r : m->updates_) m->counts_.Add(r);
   m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
                          now + options.worker_lease);
-  if (snap.has_dataset()) m->dataset_ = snap.dataset();
+  if (snap.has_dataset()) {
+    m->dataset_ = snap.dataset();
+    m->planner_ =
+        std::make_unique<data::WindowPlanner>(snap.job().spec(), snap.dataset().samples());
+  }
   m->windows_per_epoch_ = snap.job().progress().windows_per_epoch();
   m->checkpoints_.clear();
   for (const v1::CheckpointRecord& c : snap.checkpoints()) m->checkpoints_[c.checkpoint_id()] = c;
@@ -102,6 +106,14 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   m->scheduler_step_ = p.scheduler_step();
   m->checkpoint_id_ = p.checkpoint_id();
   m->cumulative_tokens_ = p.cumulative_tokens();
+  m->micro_step_id_ = p.micro_step_id();
+  m->RefreshDroppedTail();
+  for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
+    if (it->outcome() == "commit") {
+      m->last_commit_ms_ = it->end_time_ms();
+      break;
+    }
+  }
   // Derivable state: consecutive desync aborts at the end of the log.
   for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
     if (it->outcome() != "abort") break;
@@ -146,6 +158,7 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
       if (!dataset_.has_value()) {
         dataset_ = d.dataset();
         windows_per_epoch_ = d.windows_per_epoch();
+        planner_ = std::make_unique<data::WindowPlanner>(job_.spec(), d.dataset().samples());
       }
       membership_.AcceptDataset(d.worker_id());
       break;
@@ -179,7 +192,9 @@ void StepMachine::ApplyGenerationFormed(const v1::GenerationFormed& formed, int6
     update_id_ = to.optimizer_update_id();
     scheduler_step_ = to.scheduler_step();
     cumulative_tokens_ = to.cumulative_tokens();
+    micro_step_id_ = to.micro_step_id();
     checkpoint_id_ = to.checkpoint_id();
+    RefreshDroppedTail();
     scaler_ = LossScaler(scaler_config_, to.scaler());
     // Checkpoints requested after the rollback point can never be written: their state is gone.
     checkpoints_.erase(checkpoints_.upper_bound(to.checkpoint_id()), checkpoints_.end());
@@ -206,11 +221,14 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
       update_id_ = d.optimizer_update_id();
       scheduler_step_ = d.scheduler_step();
       cumulative_tokens_ = r.cumulative_tokens();
+      last_commit_ms_ = r.end_time_ms();
       [[fallthrough]];
     case v1::SKIP:
       last_window_ = r.window_id();
+      micro_step_id_ = r.micro_step_id();
       consecutive_desyncs_ = 0;
       attempts_.erase(r.window_id());
+      RefreshDroppedTail();
       break;
     case v1::ABORT:
       if (r.reason() == "DESYNC") ++consecutive_desyncs_;
@@ -261,8 +279,16 @@ int64_t StepMachine::TotalWindows() const {
 }
 
 int64_t StepMachine::EpochOf(int64_t window_id) const {
-  if (windows_per_epoch_ <= 0 || window_id <= 0) return 0;
-  return (window_id - 1) / windows_per_epoch_;
+  return planner_ == nullptr ? 0 : planner_->EpochOf(window_id);
+}
+
+void StepMachine::RefreshDroppedTail() {
+  const int64_t epochs_ended = EpochOf(last_window_ + 1);
+  if (planner_ == nullptr || planner_->dropped_per_epoch() == 0 || epochs_ended == 0) {
+    last_dropped_tail_.reset();
+  } else if (!last_dropped_tail_.has_value() || last_dropped_tail_->epoch() != epochs_ended - 1) {
+    last_dropped_tail_ = planner_->DroppedTail(epochs_ended - 1);
+  }
 }
 
 bool StepMachine::StopReachedAfter(int64_t window_id, int64_t update_id) const {
@@ -291,6 +317,9 @@ v1::Job StepMachine::Job() const {
   p->set_windows_aborted(counts_.aborted);
   p->set_last_loss(counts_.last_loss);
   p->set_epoch(EpochOf(last_window_ + 1));
+  p->set_micro_step_id(micro_step_id_);
+  if (planner_ != nullptr) p->set_dropped_samples(p->epoch() * planner_->dropped_per_epoch());
+  if (last_dropped_tail_.has_value()) *p->mutable_last_dropped_tail() = *last_dropped_tail_;
   if (job_.spec().stop().has_max_updates()) p->set_max_updates(job_.spec().stop().max_updates());
   p->set_windows_per_epoch(windows_per_epoch_);
   if (dataset_.has_value()) p->set_dataset_samples(dataset_->samples());
@@ -525,8 +554,7 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
     int64_t per_epoch = windows_per_epoch_;
     if (!dataset_.has_value()) {
       const int64_t batch = GlobalBatchSamples(job_.spec());
-      per_epoch = job_.spec().batch().tail() == v1::Batch::drop ? d.samples() / batch
-                                                                : (d.samples() + batch - 1) / batch;
+      per_epoch = data::WindowPlanner(job_.spec(), d.samples()).windows_per_epoch();
       if (per_epoch == 0) {
         FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
                                 "(micro_batch_size × accumulation_steps × workers.count) with "
@@ -729,6 +757,8 @@ v1::UpdateRecord StepMachine::BaseRecord(int64_t window_id) const {
   r.set_loss_scale(scaler_.scale());
   r.set_checkpoint_id(checkpoint_id_);
   r.set_epoch(EpochOf(window_id));
+  r.set_micro_step_id(micro_step_id_);
+  r.set_tail_window(planner_ != nullptr && planner_->IsTailWindow(window_id));
   return r;
 }
 
@@ -774,6 +804,7 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
   r->set_allreduce_calls(first.allreduce_calls());
   r->set_loss(units > 0 ? loss_sum / static_cast<double>(units) : 0.0);
   r->set_grad_norm_pre_clip(first.grad_norm());
+  if (first.has_grad_norm_scaled()) r->set_grad_norm_scaled(first.grad_norm_scaled());
   r->set_window_seconds(absl::ToDoubleSeconds(now - attempt.first_report));
 
   if (!desync.empty()) {
@@ -828,6 +859,10 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
     step_after = scheduler_step_ + 1;
     r->set_cumulative_tokens(SaturatingAdd(cumulative_tokens_, r->global_valid_tokens()));
     scaler_after.Update(/*found_inf=*/false);
+    // From the previous commit in the log, or from the job's start for the first one.
+    const int64_t since_ms = last_commit_ms_ > 0 ? last_commit_ms_ : job_.start_time_ms();
+    r->set_update_interval_seconds(
+        static_cast<double>(std::max<int64_t>(0, absl::ToUnixMillis(now) - since_ms)) / 1000.0);
   } else if (d.outcome() == v1::SKIP) {
     // The scaler reacts to gradient overflow only, once per window.
     if (d.reason() == "OVERFLOW") scaler_after.Update(/*found_inf=*/true);
@@ -847,6 +882,12 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   *ended->mutable_scaler_after() = scaler_after.State();
 
   if (d.outcome() != v1::ABORT) {
+    // The window's micro-batches ran and it ended: they count (an abort's are run again).
+    r->set_micro_step_id(SaturatingAdd(micro_step_id_, r->micro_steps()));
+    if (planner_ != nullptr && planner_->EndsEpoch(r->window_id()) &&
+        planner_->dropped_per_epoch() > 0) {
+      *r->mutable_dropped_tail() = planner_->DroppedTail(EpochOf(r->window_id()));
+    }
     const bool done = StopReachedAfter(r->window_id(), update_after);
     d.set_job_done(done);
     const int64_t every = job_.spec().checkpoint().every_updates();
@@ -861,6 +902,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
       c->set_optimizer_update_id(update_after);
       c->set_scheduler_step(step_after);
       c->set_cumulative_tokens(r->cumulative_tokens());
+      c->set_micro_step_id(r->micro_step_id());
       *c->mutable_scaler() = scaler_after.State();
       d.set_write_checkpoint(true);
       d.set_checkpoint_id(next_checkpoint_id_);

@@ -32,6 +32,7 @@
 #include "trainstep/v1/job_service.pb.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/worker_service.pb.h"
+#include "worker/data/window_plan.h"
 
 namespace trainstep {
 
@@ -154,6 +155,8 @@ class StepMachine {
   void MaybeFormGeneration(absl::Time now);
   v1::UpdateRecord BaseRecord(int64_t window_id) const;
   int64_t EpochOf(int64_t window_id) const;
+  // last_dropped_tail_ for the epochs ended so far (last_window_): after every change of it.
+  void RefreshDroppedTail();
   int64_t TotalWindows() const;  // 0 = unknown
   bool StopReachedAfter(int64_t window_id, int64_t update_id) const;
   bool CheckpointingEnabled() const { return !job_.spec().checkpoint().dir().empty(); }
@@ -176,11 +179,18 @@ class StepMachine {
   int64_t checkpoint_id_ = 0;       // latest assigned; 0 = the initial weights
   int64_t next_checkpoint_id_ = 1;  // never reused, even after a rollback
   int64_t cumulative_tokens_ = 0;
+  int64_t micro_step_id_ = 0;   // of the last committed or skipped window
+  int64_t last_commit_ms_ = 0;  // end_time_ms of the last commit in the log (0 = none)
   int64_t consecutive_desyncs_ = 0;
   std::map<int64_t, v1::CheckpointRecord> checkpoints_;  // by id
 
   std::optional<v1::DatasetInfo> dataset_;  // set once a worker's report was accepted
   int64_t windows_per_epoch_ = 0;
+  // The workers' data plan for this dataset: it alone decides window sizes and dropped
+  // tails. Non-null iff dataset_ is set.
+  std::unique_ptr<const data::WindowPlanner> planner_;
+  // What the latest ended epoch left out under batch.tail drop (derived from last_window_).
+  std::optional<v1::DroppedTail> last_dropped_tail_;
 
   std::vector<v1::UpdateRecord> updates_;
   struct OutcomeCounts {  // derived from updates_, kept so Job() is O(1)

@@ -82,13 +82,17 @@ bool UnscaleAndCheckOwn(std::vector<at::Tensor>& tensors, double inv_scale) {
 
 }  // namespace internal
 
-double GlobalNorm(const std::vector<at::Tensor>& tensors) {
-  if (tensors.empty()) return 0.0;
+at::Tensor GlobalNormTensor(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty()) return at::zeros({}, at::kDouble);
   // Per-tensor norms stay on the device; one transfer brings the total back.
   std::vector<at::Tensor> norms;
   norms.reserve(tensors.size());
   for (const at::Tensor& t : tensors) norms.push_back(t.to(at::kFloat).norm(2).to(at::kDouble));
-  return at::stack(norms).square().sum().sqrt().item<double>();
+  return at::stack(norms).square().sum().sqrt();
+}
+
+double GlobalNorm(const std::vector<at::Tensor>& tensors) {
+  return GlobalNormTensor(tensors).item<double>();
 }
 
 }  // namespace trainstep

@@ -44,6 +44,8 @@ bool UnscaleAndCheckOwn(std::vector<at::Tensor>& tensors, double inv_scale);
 
 // Global L2 norm: each tensor's norm in fp32 (as clip_grad_norm_), combined in double.
 double GlobalNorm(const std::vector<at::Tensor>& tensors);
+// The same as a 0-dim double tensor on the tensors' device, not yet read (no host sync).
+at::Tensor GlobalNormTensor(const std::vector<at::Tensor>& tensors);
 
 }  // namespace trainstep
 

@@ -101,8 +101,12 @@ void Replica::PerturbGradient(double delta) {
 UnscaleResult Replica::UnscaleAndCheck(double loss_scale) {
   std::vector<at::Tensor> grads = Gradients();
   UnscaleResult r;
+  // Queued before the in-place unscale, read after it: no extra device sync.
+  std::optional<at::Tensor> scaled;
+  if (spec_.loss_scaler().enabled()) scaled = GlobalNormTensor(grads);
   r.found_inf = trainstep::UnscaleAndCheck(grads, 1.0 / loss_scale);
   r.grad_norm = GlobalNorm(grads);
+  if (scaled.has_value()) r.grad_norm_scaled = scaled->item<double>();
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct MicroStepTimes {
 struct UnscaleResult {
   bool found_inf = false;
   double grad_norm = 0.0;  // of the unscaled gradients; not finite when found_inf
+  // With a loss scaler: the norm of the same gradients before unscaling, S × grad_norm when
+  // the order is right (the seeds' probe). Not finite when found_inf.
+  std::optional<double> grad_norm_scaled;
 };
 
 class Replica {
@@ -46,7 +50,8 @@ class Replica {
   void InjectNonFinite();
   // Test-only desync: nudges one gradient element so this rank's norm differs.
   void PerturbGradient(double delta);
-  // After the all-reduce: gradients ×= 1/S, non-finite check, global L2 norm (fp32).
+  // After the all-reduce: the scaled norm (with a loss scaler), gradients ×= 1/S, non-finite
+  // check, global L2 norm (fp32).
   UnscaleResult UnscaleAndCheck(double loss_scale);
 
   // COMMIT: gradients ×= clip_coef, every group's lr = base_lr × its scale, step, zero.

@@ -391,6 +391,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   complete.set_valid_units(units);
   complete.set_found_inf(check.found_inf);
   complete.set_grad_norm(check.grad_norm);
+  if (check.grad_norm_scaled.has_value()) complete.set_grad_norm_scaled(*check.grad_norm_scaled);
   complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
   complete.set_allreduce_calls(reduced->calls);
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);

@@ -56,6 +56,26 @@ class EquivalenceTest : public ConformanceTest {
           << "window " << u.window_id;
     }
   }
+
+  // The seeds' norm probe on every commit of a run with a loss scaler: grad_norm_scaled /
+  // grad_norm_pre_clip is the scale the window ran with (the one in force before its scaler
+  // update: the previous record's loss_scale, init_scale for the first). A pre-clip norm
+  // taken before unscaling, or a scaled norm taken after, gives a ratio of 1.
+  static void ExpectScaledNormProbe(const std::vector<v1::UpdateRecord>& log, double init_scale,
+                                    double tolerance = 1e-6) {
+    double in_force = init_scale;
+    int probed = 0;
+    for (const v1::UpdateRecord& r : log) {
+      if (r.outcome() == "commit") {
+        EXPECT_TRUE(r.has_grad_norm_scaled()) << "window " << r.window_id();
+        EXPECT_NEAR(r.grad_norm_scaled() / r.grad_norm_pre_clip(), in_force, tolerance * in_force)
+            << "window " << r.window_id();
+        ++probed;
+      }
+      if (r.outcome() != "abort") in_force = r.loss_scale();
+    }
+    EXPECT_GT(probed, 0);
+  }
 };
 
 JobConfig MlpJob() {
@@ -188,7 +208,8 @@ JobConfig TextJob(const std::string& dir, int d_model, int samples, int workers,
 }
 
 // Case 3. The loss scaler on with fp32 compute at S = 2^16: the same parameters as the
-// unscaled run to 1e-6 (and as the reference), S in force in every record.
+// unscaled run to 1e-6 (and as the reference), S in force in every record, and the norm
+// probe: the norm before unscaling is S times the logged pre-clip norm.
 // Catches: a systematic 1/S (never unscaled, or unscaled twice) or 1/K offset in the
 // scaled path, the scale applied per micro-batch, the scale missing from the backward.
 TEST_F(EquivalenceTest, LossScalerFp32EqualsUnscaledRun) {
@@ -205,6 +226,8 @@ TEST_F(EquivalenceTest, LossScalerFp32EqualsUnscaledRun) {
   const Params with_scale = RunAndRead(scaled, 6, &scaled_run);
   for (const v1::UpdateRecord& r : plain_run.updates) EXPECT_EQ(r.loss_scale(), 1.0);
   for (const v1::UpdateRecord& r : scaled_run.updates) EXPECT_EQ(r.loss_scale(), 65536.0);
+  ExpectScaledNormProbe(scaled_run.updates, 65536.0);
+  for (const v1::UpdateRecord& r : plain_run.updates) EXPECT_FALSE(r.has_grad_norm_scaled());
   ASSERT_EQ(plain_run.updates.size(), scaled_run.updates.size());
   for (size_t i = 0; i < plain_run.updates.size(); ++i) {
     const double a = scaled_run.updates[i].grad_norm_pre_clip();
@@ -247,6 +270,7 @@ TEST_F(EquivalenceTest, ClipAfterUnscaleEqualsClipGradNorm) {
     if (u.clip_coef < 1.0) ++clipped;
   }
   EXPECT_GE(clipped, 4) << "max_grad_norm too large to exercise clipping";
+  ExpectScaledNormProbe(run.updates, 65536.0);
   EXPECT_LE(RelativeDifference(p, ref.final_params), kTolerance);
 }
 
@@ -314,6 +338,7 @@ TEST_F(EquivalenceTest, CudaFp16WithScalerTracksFp32Reference) {
   for (size_t i = 0; i < commits.size(); ++i) {
     EXPECT_NEAR(commits[i].loss(), ref.updates[i].loss, 1e-2 * ref.updates[i].loss);
   }
+  ExpectScaledNormProbe(run.updates, 1024.0, 1e-5);
 }
 
 // Case 11. W = 4, B = 8, 42 samples: the 6th window holds 2 samples, so ranks 2 and 3 get

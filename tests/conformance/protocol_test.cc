@@ -1,8 +1,10 @@
 // Conformance, the step protocol: skips, ids, schedules, collectives, tails, param groups and
 // desync, through the real coordinator and trainstep-worker processes, with parameters held
 // against the single-process reference loop (reference.h) where the case trains.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -227,9 +229,10 @@ TEST_F(ProtocolTest, OneAllReducePerBucketPerWindow) {
 }
 
 // Case 8a. 44 samples, B = 8: `dynamic` trains 6 windows, the 6th with its 4 real samples
-// (normalised by 4), `drop` trains 5; both equal the reference of their policy.
+// (normalised by 4) and marked `tail_window`, `drop` trains 5 and records the 4 samples it
+// left out; both equal the reference of their policy.
 // Catches: a tail normalised by the nominal batch (or K), a tail trained under `drop`, a tail
-// lost under `dynamic`.
+// lost under `dynamic`, a dropped tail the log does not name, or names wrongly.
 TEST_F(ProtocolTest, TailDynamicVersusDrop) {
   JobConfig dynamic = MlpJob(44);
   dynamic.workers = 2;
@@ -249,12 +252,29 @@ TEST_F(ProtocolTest, TailDynamicVersusDrop) {
   ASSERT_EQ(d.updates.size(), 6u);
   EXPECT_EQ(d.updates.back().global_valid_tokens(), 4);
   EXPECT_EQ(d.updates.back().micro_steps(), 2);
+  // The log marks the short window, and counts micro-batches cumulatively (2 ranks × 2).
+  for (size_t i = 0; i < d.updates.size(); ++i) {
+    EXPECT_EQ(d.updates[i].tail_window(), i == 5) << "window " << i + 1;
+    EXPECT_FALSE(d.updates[i].has_dropped_tail());
+    EXPECT_EQ(d.updates[i].micro_step_id(), std::min<int64_t>(4 * (i + 1), 22));
+  }
+  EXPECT_EQ(d.job.progress().dropped_samples(), 0);
   const Params pd = Latest(dynamic.checkpoint_dir, 6);
   EXPECT_LE(RelativeDifference(pd, ref_dynamic.final_params), kTolerance);
 
   const JobRun r = RunOk(drop, 5);
   ASSERT_EQ(r.updates.size(), 5u);
   for (const v1::UpdateRecord& u : r.updates) EXPECT_EQ(u.global_valid_tokens(), 8);
+  // The epoch's record says which samples it left out: positions 40..43, unshuffled.
+  for (size_t i = 0; i + 1 < r.updates.size(); ++i) EXPECT_FALSE(r.updates[i].has_dropped_tail());
+  ASSERT_TRUE(r.updates.back().has_dropped_tail());
+  const v1::DroppedTail& dropped = r.updates.back().dropped_tail();
+  EXPECT_EQ(dropped.epoch(), 0);
+  EXPECT_EQ(dropped.samples(), 4);
+  EXPECT_EQ(dropped.first_position(), 40);
+  EXPECT_THAT(dropped.sample_ids(), ::testing::ElementsAre(40, 41, 42, 43));
+  EXPECT_EQ(r.job.progress().dropped_samples(), 4);
+  EXPECT_EQ(r.job.progress().last_dropped_tail().SerializeAsString(), dropped.SerializeAsString());
   const Params pr = Latest(drop.checkpoint_dir, 5);
   EXPECT_LE(RelativeDifference(pr, ref_drop.final_params), kTolerance);
   EXPECT_GT(RelativeDifference(pd, pr), 1e-4) << "the tail window made no difference";

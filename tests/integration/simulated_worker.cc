@@ -133,6 +133,7 @@ absl::Status SimulatedWorker::Run() {
       c.set_valid_units(rep.units);
       c.set_loss_sum(rep.loss_sum);
       c.set_grad_norm(rep.grad_norm);
+      if (rep.scaled_norm) c.set_grad_norm_scaled(rep.grad_norm * b->loss_scale());
       c.set_found_inf(rep.found_inf);
       c.set_micro_steps(1);
       c.set_allreduce_calls(1);

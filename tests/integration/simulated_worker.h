@@ -25,6 +25,9 @@ struct SimReport {
   double loss_sum = 20.0;
   double grad_norm = 1.0;
   bool found_inf = false;
+  // Report grad_norm_scaled = grad_norm × the window's loss scale, as a worker with a loss
+  // scaler does.
+  bool scaled_norm = false;
 };
 using ReportFn = std::function<SimReport(int64_t window_id, int rank)>;
 

@@ -268,7 +268,8 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
         "trainstep_loss_scale", "trainstep_learning_rate", "trainstep_grad_norm",
         "training_job:trainstep_windows_skipped:ratio_rate5m",
         "trainstep_window_duration_seconds_bucket", "trainstep_world_size", "trainstep_generation",
-        "trainstep_checkpoint_id"}) {
+        "trainstep_checkpoint_id", "trainstep_update_interval_seconds_bucket",
+        "trainstep_micro_step_id", "trainstep_dropped_samples_total"}) {
     EXPECT_TRUE(panels_of_metric.count(m)) << "no panel shows " << m;
   }
   auto some_expr = [&](const std::string& needle) {
@@ -278,6 +279,7 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
     return false;
   };
   EXPECT_TRUE(some_expr("stage=\"pre_clip\"") && some_expr("stage=\"post_clip\""));
+  EXPECT_TRUE(some_expr("stage=\"scaled\""));  // the norm probe
   EXPECT_TRUE(some_expr("histogram_quantile(0.5,") && some_expr("histogram_quantile(0.99,"));
   EXPECT_TRUE(some_expr("rate(trainstep_tokens_total"));
   EXPECT_TRUE(some_expr("rate(trainstep_optimizer_updates_total"));

@@ -217,7 +217,7 @@ std::vector<Element> MustParse(const std::string& svg) {
   return e.ok() ? *e : std::vector<Element>{};
 }
 
-// A log with everything in it: the picture has the four panels, a skip and an abort mark
+// A log with everything in it: the picture has the five panels, a skip and an abort mark
 // with their tooltips, the title with the name escaped, and the non-finite values counted.
 TEST(PlotSvgTest, MarksSkipsAndAbortsAndEscapesTheName) {
   PlotInput in;
@@ -233,12 +233,12 @@ TEST(PlotSvgTest, MarksSkipsAndAbortsAndEscapesTheName) {
   ASSERT_FALSE(el.empty());
   ExpectFiniteCoordinates(el);
   EXPECT_EQ(el[0].attributes.at("xmlns"), "http://www.w3.org/2000/svg");
-  EXPECT_EQ(WithClass(el, "panel").size(), 4u);
+  EXPECT_EQ(WithClass(el, "panel").size(), 5u);  // no scaled-norm panel without a scaler
   // One mark per panel for each non-committed window.
   const auto skips = WithClass(el, "mark-skip");
   const auto aborts = WithClass(el, "mark-abort");
-  EXPECT_EQ(skips.size(), 4u);
-  EXPECT_EQ(aborts.size(), 4u);
+  EXPECT_EQ(skips.size(), 5u);
+  EXPECT_EQ(aborts.size(), 5u);
   ASSERT_FALSE(skips.empty());
   ASSERT_FALSE(aborts.empty());
   EXPECT_NE(skips[0]->attributes.at("stroke"), aborts[0]->attributes.at("stroke"));
@@ -272,6 +272,36 @@ TEST(PlotSvgTest, MarksSkipsAndAbortsAndEscapesTheName) {
   EXPECT_LT(mark_x, dots[5]);
 }
 
+// Catches: the update interval or the scaled-norm probe missing from the picture (or the
+// probe's panel drawn for a job without a scaler), a dropped tail not mentioned.
+TEST(PlotSvgTest, IntervalScaledNormAndDroppedTail) {
+  PlotInput in;
+  in.job_id = "job-2";
+  for (int64_t u = 1; u <= 4; ++u) {
+    in.records.push_back(Commit(u, 2.0, 0.25 * u));
+    in.records.back().set_grad_norm_scaled(65536 * 0.25 * u);
+    in.records.back().set_update_interval_seconds(1.5 + u);
+  }
+  in.records.back().mutable_dropped_tail()->set_samples(4);
+  const std::vector<Element> el = MustParse(RenderPlotSvg(in));
+  ASSERT_FALSE(el.empty());
+  ExpectFiniteCoordinates(el);
+  EXPECT_EQ(WithClass(el, "panel").size(), 6u);
+  const std::string text = AllText(el);
+  for (const char* label : {"seconds between committed updates", "gradient norm before unscale",
+                            "batch.tail drop left out 4 samples in 1 epoch"}) {
+    EXPECT_TRUE(absl::StrContains(text, label)) << label << "\n" << text;
+  }
+  size_t interval_dots = 0, scaled_dots = 0;
+  for (const Element& e : el) {
+    if (e.name != "circle") continue;
+    interval_dots += e.attributes.at("fill") == "#bcbd22";
+    scaled_dots += e.attributes.at("fill") == "#7f7f7f";
+  }
+  EXPECT_EQ(interval_dots, 4u);
+  EXPECT_EQ(scaled_dots, 4u);
+}
+
 // Degenerate logs still give a whole, finite picture.
 TEST(PlotSvgTest, EmptyOneRecordConstantAndNonFinite) {
   std::vector<std::pair<std::string, std::vector<v1::UpdateRecord>>> cases;
@@ -303,7 +333,7 @@ TEST(PlotSvgTest, EmptyOneRecordConstantAndNonFinite) {
     const std::vector<Element> el = MustParse(svg);
     ASSERT_FALSE(el.empty());
     ExpectFiniteCoordinates(el);
-    EXPECT_EQ(WithClass(el, "panel").size(), 4u);
+    EXPECT_EQ(WithClass(el, "panel").size(), 5u);
   }
   PlotInput empty;
   empty.job_id = "job-1";
@@ -399,7 +429,7 @@ TEST(JobPlotCommandTest, PlotsARealRun) {
   const std::vector<Element> el = MustParse(svg);
   ASSERT_FALSE(el.empty());
   ExpectFiniteCoordinates(el);
-  EXPECT_EQ(WithClass(el, "mark-skip").size(), 4 * skipped);
+  EXPECT_EQ(WithClass(el, "mark-skip").size(), WithClass(el, "panel").size() * skipped);
   EXPECT_TRUE(absl::StrContains(
       svg, absl::StrCat(job.job_id(), " \u2014 observability &lt;demo&gt; &amp; co")));
 

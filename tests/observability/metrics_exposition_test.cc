@@ -65,6 +65,10 @@ const std::vector<std::string> kCoordinatorSeries = {
     "trainstep_job_start_timestamp_seconds",
     "trainstep_journal_fsync_seconds_bucket",
     "trainstep_build_info",
+    "trainstep_micro_step_id",
+    "trainstep_dropped_samples_total",
+    "trainstep_update_interval_seconds_bucket",
+    "trainstep_update_interval_seconds_count",
 };
 
 const std::vector<std::string> kWorkerSeries = {
@@ -188,6 +192,16 @@ TEST_F(MetricsExpositionTest, BothEndpointsPassPromtoolWhileRunningAndAfter) {
     EXPECT_EQ(FindSample(*samples, "trainstep_grad_norm",
                          {{"training_job", job.job_id()}, {"stage", "post_clip"}}),
               last_commit->grad_norm_post_clip());
+    EXPECT_EQ(FindSample(*samples, "trainstep_grad_norm",
+                         {{"training_job", job.job_id()}, {"stage", "scaled"}}),
+              last_commit->grad_norm_scaled());
+    EXPECT_EQ(FindSample(*samples, "trainstep_update_interval_seconds_count", of_job), commits);
+    absl::StatusOr<v1::Job> now = job.GetJob();
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_EQ(FindSample(*samples, "trainstep_micro_step_id", of_job),
+              now->progress().micro_step_id());
+    EXPECT_GT(now->progress().micro_step_id(), 0);
+    EXPECT_EQ(FindSample(*samples, "trainstep_dropped_samples_total", of_job), 0.0);
     // prometheus-cpp writes 16 significant digits: the last bit of a double may differ.
     EXPECT_NEAR(FindSample(*samples, "trainstep_loss", of_job).value_or(-1), last_commit->loss(),
                 1e-12 * std::abs(last_commit->loss()));

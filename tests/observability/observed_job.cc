@@ -100,6 +100,7 @@ SimReport ObservedJob::Report(int worker, int64_t window, int rank) {
   r.loss_sum = static_cast<double>(r.units) * (0.5 + 3.0 * std::exp(-0.05 * window));
   r.grad_norm = window % 2 == 0 ? 2.5 : 0.75;
   r.found_inf = window % 7 == 0;
+  r.scaled_norm = true;  // the spec has a loss scaler
   WorkerMetrics& m = *worker_metrics_[worker];
   m.AddMicroSteps(1);
   m.AddAllReduce(1, 4096);

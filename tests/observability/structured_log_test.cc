@@ -118,6 +118,10 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
       const FieldDescriptor* f = d->field(i);
       const Value* got = JsonPath(it->second, {f->name()});
       ASSERT_NE(got, nullptr);
+      if (!f->is_repeated() && f->has_presence() && !refl->HasField(r, f)) {
+        EXPECT_TRUE(got->has_null_value()) << f->name() << ": unset must be null";
+        continue;
+      }
       switch (f->cpp_type()) {
         case FieldDescriptor::CPPTYPE_STRING:
           EXPECT_EQ(got->string_value(), refl->GetString(r, f)) << f->name();
@@ -137,6 +141,9 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
           break;
         case FieldDescriptor::CPPTYPE_INT32:
           EXPECT_EQ(static_cast<int32_t>(got->number_value()), refl->GetInt32(r, f)) << f->name();
+          break;
+        case FieldDescriptor::CPPTYPE_BOOL:
+          EXPECT_EQ(got->bool_value(), refl->GetBool(r, f)) << f->name();
           break;
         default:
           break;

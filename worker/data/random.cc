@@ -1,8 +1,11 @@
 #include "worker/data/random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace trainstep::data {
 
@@ -40,15 +43,47 @@ double Gaussian::Next() {
   return r * std::cos(theta);
 }
 
+namespace {
+
+// The first `steps` steps of Fisher–Yates over n items, from the back: step i (n-1 down to 1)
+// swaps positions i and a uniform j ≤ i, after which position i holds its final value.
+// Permutation and PermutationTail share it, so they cannot disagree on the order.
+template <typename Swap>
+void FisherYatesSteps(int64_t n, uint64_t seed, int64_t steps, Swap&& swap) {
+  SplitMix64 rng(seed);
+  for (int64_t i = n - 1; i > 0 && steps > 0; --i, --steps) {
+    swap(i, static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1)));
+  }
+}
+
+}  // namespace
+
 std::vector<int64_t> Permutation(int64_t n, uint64_t seed) {
   std::vector<int64_t> order(static_cast<size_t>(n > 0 ? n : 0));
   std::iota(order.begin(), order.end(), int64_t{0});
-  SplitMix64 rng(seed);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i) + 1));
+  FisherYatesSteps(n, seed, n, [&](int64_t i, int64_t j) {
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-  }
+  });
   return order;
+}
+
+std::vector<int64_t> PermutationTail(int64_t n, uint64_t seed, int64_t count) {
+  count = std::clamp<int64_t>(count, 0, std::max<int64_t>(n, 0));
+  // Only the positions a step touched differ from the identity.
+  absl::flat_hash_map<int64_t, int64_t> moved;
+  auto value = [&](int64_t k) {
+    auto it = moved.find(k);
+    return it == moved.end() ? k : it->second;
+  };
+  FisherYatesSteps(n, seed, count, [&](int64_t i, int64_t j) {
+    const int64_t vi = value(i), vj = value(j);
+    moved[i] = vj;
+    moved[j] = vi;
+  });
+  std::vector<int64_t> tail;
+  tail.reserve(static_cast<size_t>(count));
+  for (int64_t k = n - count; k < n; ++k) tail.push_back(value(k));
+  return tail;
 }
 
 }  // namespace trainstep::data

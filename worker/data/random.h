@@ -63,6 +63,11 @@ class Gaussian {
 // A permutation of 0..n-1 by Fisher–Yates driven by SplitMix64(seed).
 std::vector<int64_t> Permutation(int64_t n, uint64_t seed);
 
+// The last `count` entries of Permutation(n, seed), in order, in O(count) time and memory:
+// Fisher–Yates runs from the back, so they are final after its first `count` steps. The
+// coordinator names the samples a dropped tail leaves out without building the whole order.
+std::vector<int64_t> PermutationTail(int64_t n, uint64_t seed, int64_t count);
+
 }  // namespace trainstep::data
 
 #endif  // TRAINSTEP_WORKER_DATA_RANDOM_H_

@@ -21,11 +21,48 @@ WindowPlanner::WindowPlanner(const v1::JobSpec& resolved, int64_t dataset_size)
       global_batch_(GlobalBatchSamples(resolved)),
       dataset_size_(std::max<int64_t>(dataset_size, 0)),
       windows_per_epoch_(WindowsPerEpoch(dataset_size_, global_batch_,
-                                         resolved.batch().tail() == v1::Batch::drop)) {}
+                                         resolved.batch().tail() == v1::Batch::drop)),
+      dropped_per_epoch_(dataset_size_ -
+                         std::min(dataset_size_, windows_per_epoch_ * global_batch_)) {}
 
 int64_t WindowPlanner::EpochOf(int64_t window_id) const {
   if (window_id < 1 || windows_per_epoch_ <= 0) return 0;
   return (window_id - 1) / windows_per_epoch_;
+}
+
+int64_t WindowPlanner::WindowSize(int64_t window_id) const {
+  if (window_id < 1 || windows_per_epoch_ <= 0) return 0;
+  const int64_t begin = ((window_id - 1) % windows_per_epoch_) * global_batch_;
+  return std::min(dataset_size_, begin + global_batch_) - begin;
+}
+
+bool WindowPlanner::IsTailWindow(int64_t window_id) const {
+  const int64_t size = WindowSize(window_id);
+  return size > 0 && size < global_batch_;
+}
+
+bool WindowPlanner::EndsEpoch(int64_t window_id) const {
+  return window_id >= 1 && windows_per_epoch_ > 0 && window_id % windows_per_epoch_ == 0;
+}
+
+v1::DroppedTail WindowPlanner::DroppedTail(int64_t epoch) const {
+  v1::DroppedTail d;
+  d.set_epoch(epoch);
+  d.set_samples(dropped_per_epoch_);
+  d.set_first_position(dataset_size_ - dropped_per_epoch_);
+  if (dropped_per_epoch_ == 0 || dropped_per_epoch_ > kMaxListedDroppedSamples) return d;
+  if (shuffle_) {
+    for (int64_t id : PermutationTail(dataset_size_, ShuffleSeed(epoch), dropped_per_epoch_)) {
+      d.add_sample_ids(id);
+    }
+  } else {
+    for (int64_t p = d.first_position(); p < dataset_size_; ++p) d.add_sample_ids(p);
+  }
+  return d;
+}
+
+uint64_t WindowPlanner::ShuffleSeed(int64_t epoch) const {
+  return DeriveSeed(seed_, kShuffleStream, static_cast<uint64_t>(epoch));
 }
 
 std::shared_ptr<const std::vector<int64_t>> WindowPlanner::Order(int64_t epoch) const {
@@ -36,8 +73,8 @@ std::shared_ptr<const std::vector<int64_t>> WindowPlanner::Order(int64_t epoch) 
   }
   absl::MutexLock lock(&mu_);
   if (cached_epoch_ != epoch || cached_order_ == nullptr) {
-    cached_order_ = std::make_shared<const std::vector<int64_t>>(Permutation(
-        dataset_size_, DeriveSeed(seed_, kShuffleStream, static_cast<uint64_t>(epoch))));
+    cached_order_ = std::make_shared<const std::vector<int64_t>>(
+        Permutation(dataset_size_, ShuffleSeed(epoch)));
     cached_epoch_ = epoch;
   }
   return cached_order_;
@@ -51,9 +88,8 @@ std::vector<int64_t> WindowPlanner::EpochOrder(int64_t epoch) const {
 std::vector<int64_t> WindowPlanner::WindowSamples(int64_t window_id) const {
   if (window_id < 1 || windows_per_epoch_ <= 0) return {};
   const int64_t epoch = EpochOf(window_id);
-  const int64_t index = (window_id - 1) % windows_per_epoch_;
-  const int64_t begin = index * global_batch_;
-  const int64_t end = std::min(dataset_size_, begin + global_batch_);
+  const int64_t begin = ((window_id - 1) % windows_per_epoch_) * global_batch_;
+  const int64_t end = begin + WindowSize(window_id);
   if (!shuffle_) {
     std::vector<int64_t> out(static_cast<size_t>(end - begin));
     std::iota(out.begin(), out.end(), begin);

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "trainstep/v1/spec.pb.h"
+#include "trainstep/v1/types.pb.h"
 
 namespace trainstep::data {
 
@@ -29,12 +30,28 @@ class WindowPlanner {
   int64_t dataset_size() const { return dataset_size_; }
   // batch.tail dynamic: ceil(S / B), the last window of an epoch may be short;
   // drop: floor(S / B), the short last window is not trained (0 when S < B).
-  // The coordinator computes the same number (StepMachine).
+  // The coordinator asks this planner too (StepMachine): one rule for both.
   int64_t windows_per_epoch() const { return windows_per_epoch_; }
 
   // Window ids are 1-based and count on across epochs: window w belongs to epoch
   // (w - 1) / windows_per_epoch(), 0-based. 0 for w < 1 or when no window trains.
   int64_t EpochOf(int64_t window_id) const;
+
+  // How many samples window `window_id` trains: B, except the last window of an epoch under
+  // batch.tail dynamic, which holds what is left (S mod B when S is not a multiple of B).
+  // 0 for window_id < 1 or when no window trains.
+  int64_t WindowSize(int64_t window_id) const;
+  // The short last window of an epoch: fewer than B samples (only under batch.tail dynamic).
+  bool IsTailWindow(int64_t window_id) const;
+  // Whether `window_id` is the last window of its epoch.
+  bool EndsEpoch(int64_t window_id) const;
+  // What every epoch leaves out: S − windows_per_epoch·B under batch.tail drop, else 0.
+  int64_t dropped_per_epoch() const { return dropped_per_epoch_; }
+  // What `epoch` leaves out (samples 0 when nothing): positions [windows_per_epoch·B, S) of its
+  // order and, when at most kMaxListedDroppedSamples, their dataset indices. O(dropped)
+  // even when shuffled: the whole order is never built.
+  v1::DroppedTail DroppedTail(int64_t epoch) const;
+  static constexpr int64_t kMaxListedDroppedSamples = 4096;
 
   // The order the samples of `epoch` are visited in: 0..S-1 without shuffle, otherwise a
   // Fisher–Yates permutation seeded by (seed, epoch). Empty for epoch < 0.
@@ -54,6 +71,7 @@ class WindowPlanner {
  private:
   // The epoch order, shared with the cache.
   std::shared_ptr<const std::vector<int64_t>> Order(int64_t epoch) const;
+  uint64_t ShuffleSeed(int64_t epoch) const;
 
   const bool shuffle_;
   const uint64_t seed_;
@@ -61,6 +79,7 @@ class WindowPlanner {
   const int64_t global_batch_;
   const int64_t dataset_size_;
   const int64_t windows_per_epoch_;
+  const int64_t dropped_per_epoch_;
 
   mutable absl::Mutex mu_;
   // The order of epoch cached_epoch_ (-1: none yet). Shuffled orders only.

@@ -3,9 +3,9 @@
 Two shapes, as in common/proto_json.h:
   * a Job (get, list, cancel): protobuf's JSON mapping with the .proto field names and every
     field present — what `trainstep job get -o json` prints (64-bit integers are strings);
-  * a per-update record (watch, logs): one flat object the way data tools want it — what
-    `trainstep job logs -o jsonl` prints: 64-bit integers as numbers, non-finite numbers as
-    None (JSON null), keys in .proto order.
+  * a per-update record (watch, logs): one object the way data tools want it — what
+    `trainstep job logs -o jsonl` prints: 64-bit integers as numbers, non-finite numbers and
+    unset optional fields as None (JSON null), keys in .proto order.
 Both walk the descriptors, so a field added to the .proto appears here without a change.
 """
 
@@ -29,20 +29,28 @@ def message_to_dict(message):
 
 
 def record_to_dict(record):
-    """A flat record (an UpdateRecord) as RecordToJson() in common/proto_json.cc writes it."""
+    """A record (an UpdateRecord) as RecordToJson() in common/proto_json.cc writes it: repeated
+    fields as lists, an unset message or `optional` field as None, nested messages alike."""
     out = {}
     for field in record.DESCRIPTOR.fields:
-        if field.label == _FD.LABEL_REPEATED:
-            continue
         value = getattr(record, field.name)
-        if field.cpp_type in (_FD.CPPTYPE_DOUBLE, _FD.CPPTYPE_FLOAT):
-            value = value if math.isfinite(value) else None
-        elif field.cpp_type == _FD.CPPTYPE_ENUM:
-            value = field.enum_type.values_by_number[value].name
-        elif field.cpp_type == _FD.CPPTYPE_MESSAGE:
-            value = message_to_dict(value)
-        out[field.name] = value
+        if field.label == _FD.LABEL_REPEATED:
+            out[field.name] = [_record_value(field, item) for item in value]
+        elif field.has_presence and not record.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _record_value(field, value)
     return out
+
+
+def _record_value(field, value):
+    if field.cpp_type in (_FD.CPPTYPE_DOUBLE, _FD.CPPTYPE_FLOAT):
+        return value if math.isfinite(value) else None
+    if field.cpp_type == _FD.CPPTYPE_ENUM:
+        return field.enum_type.values_by_number[value].name
+    if field.cpp_type == _FD.CPPTYPE_MESSAGE:
+        return record_to_dict(value)
+    return value
 
 
 def _jsonable(value, path):

@@ -481,6 +481,49 @@ TEST_F(CliE2eTest, LogsJsonlAfterTheJobRan) {
   EXPECT_TRUE(absl::StartsWith(r.out, "WINDOW   GEN   WORLD   OUTCOME")) << r.out.substr(0, 200);
 }
 
+// Catches: the log contract's fields missing from `job logs` (table and jsonl) or `job get`:
+// the cumulative micro-step id, the update interval, and the samples batch.tail drop left out.
+TEST_F(CliE2eTest, LogsAndGetShowMicroStepsIntervalsAndDroppedTails) {
+  std::string spec = Spec(2, 5);  // 10 samples, B = 2
+  spec.insert(spec.find("\"accumulation_steps\""), R"("tail":"drop",)");
+  ASSERT_EQ(Cli({"job", "submit", WriteFile("spec.json", spec)}).out, "job-1\n");
+  auto workers = Workers("job-1", 2, 11);  // 11 samples: 5 windows, sample 10 left out
+  RunAll(workers);
+
+  CliResult r = Cli({"job", "logs", "job-1"});
+  ASSERT_EQ(r.rc, kExitOk) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 6u) << r.out;
+  for (const char* column : {"UPDATE   MICRO", "INTERVAL", "NOTE"}) {
+    EXPECT_NE(lines[0].find(column), std::string::npos) << column << " in " << lines[0];
+  }
+  EXPECT_TRUE(absl::EndsWith(lines[5], "dropped epoch 0: 1 samples, positions 10-10, ids 10"))
+      << lines[5];
+  EXPECT_EQ(lines[4].find("dropped"), std::string::npos) << lines[4];
+
+  r = Cli({"job", "logs", "job-1", "-o", "jsonl"});
+  ASSERT_EQ(r.rc, kExitOk) << r.err;
+  lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 5u);
+  const v1::UpdateRecord last = ParseJson<v1::UpdateRecord>(lines[4]);
+  EXPECT_EQ(last.micro_step_id(), 10);  // SimulatedWorker: one micro-step per rank and window
+  EXPECT_TRUE(last.has_update_interval_seconds());
+  EXPECT_EQ(last.dropped_tail().samples(), 1);
+  EXPECT_NE(lines[4].find(R"("dropped_tail":{"epoch":0,"samples":1,"first_position":10,)"
+                          R"("sample_ids":[10]})"),
+            std::string::npos)
+      << lines[4];
+  EXPECT_NE(lines[0].find(R"("dropped_tail":null)"), std::string::npos) << lines[0];
+
+  r = Cli({"job", "get", "job-1"});
+  ASSERT_EQ(r.rc, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("micro-step id:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dropped tail:      1 samples so far; epoch 0: 1 samples, positions "
+                       "10-10, ids 10\n"),
+            std::string::npos)
+      << r.out;
+}
+
 // Catches: a watch that does not end with the job, a wrong exit code, lost or duplicated
 // per-update lines, or no summary.
 TEST_F(CliE2eTest, WatchRunsToSuccess) {

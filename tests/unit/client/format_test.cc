@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "client/progress.h"
@@ -104,12 +105,34 @@ TEST(FormatTest, UpdateLine) {
   r.set_grad_norm_pre_clip(1.234);
   r.set_grad_norm_post_clip(1.0);
   r.set_global_valid_tokens(4096);
+  r.set_micro_step_id(96);
+  r.set_update_interval_seconds(1.25);
   EXPECT_EQ(UpdateLine(r),
             "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 "
-            "tokens=4096");
+            "tokens=4096 micro_step=96 interval=1.250s");
   r.set_outcome("skip");
   r.set_reason("OVERFLOW");
+  r.clear_update_interval_seconds();
+  r.set_tail_window(true);
+  r.mutable_dropped_tail()->set_samples(4);
   EXPECT_EQ(UpdateLine(r).rfind("window 12 skip OVERFLOW update=12 ", 0), 0u) << UpdateLine(r);
+  EXPECT_TRUE(absl::EndsWith(UpdateLine(r), "micro_step=96 tail dropped=4")) << UpdateLine(r);
+}
+
+// Catches: a dropped tail shown without its epoch, count or positions, or a listing that
+// grows with the tail.
+TEST(FormatTest, DroppedTailText) {
+  v1::DroppedTail d;
+  d.set_epoch(1);
+  d.set_samples(4);
+  d.set_first_position(40);
+  EXPECT_EQ(DroppedTailText(d), "epoch 1: 4 samples, positions 40-43");
+  for (int64_t id : {int64_t{17}, int64_t{3}, int64_t{41}, int64_t{8}}) d.add_sample_ids(id);
+  EXPECT_EQ(DroppedTailText(d), "epoch 1: 4 samples, positions 40-43, ids 17 3 41 8");
+  d.set_samples(12);
+  for (int64_t id = 100; id < 108; ++id) d.add_sample_ids(id);
+  EXPECT_EQ(DroppedTailText(d),
+            "epoch 1: 12 samples, positions 40-51, ids 17 3 41 8 100 101 102 103 … (4 more)");
 }
 
 std::string StripAnsi(std::string s) {

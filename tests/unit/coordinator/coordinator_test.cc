@@ -280,7 +280,8 @@ TEST_F(CoordinatorTest, ShutdownAnswersWaitersUnavailable) {
 }
 
 // Catches: state acknowledged to callers but lost across a restart (the journal not
-// written, or not replayed), or ids reused after it.
+// written, or not replayed), ids reused after it, or the micro-step id and the update
+// interval starting again from zero after it.
 TEST_F(CoordinatorTest, ReopenRestoresJobUpdatesAndIds) {
   const std::string job = Submit(2);
   const std::vector<std::string> ranks = StartWorkers(job, 2);
@@ -309,8 +310,13 @@ TEST_F(CoordinatorTest, ReopenRestoresJobUpdatesAndIds) {
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_TRUE(hb->assigned());
   EXPECT_EQ(hb->assignment().generation(), 1);
+  // What the log derives from the decisions carries on from the journal: the cumulative
+  // micro-step id, and the wall-clock interval from the last commit before the restart.
+  clock_.Advance(absl::Milliseconds(2500));
   const v1::WindowDecision d3 = RunWindow(job, ranks, 3);
   EXPECT_EQ(d3.optimizer_update_id(), 3);
+  EXPECT_EQ(d3.record().micro_step_id(), 3 * 2 * 2);  // 3 windows × 2 ranks × 2 micro-steps
+  EXPECT_DOUBLE_EQ(d3.record().update_interval_seconds(), 2.5);
   EXPECT_EQ(Submit(1), "job-2");
 }
 
@@ -338,7 +344,12 @@ TEST_F(CoordinatorTest, ReopenFromSnapshotAndLogTail) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
   EXPECT_EQ(after->progress().optimizer_update_id(), 2);
-  EXPECT_EQ(RunWindow(job, ranks, 3).optimizer_update_id(), 3);
+  EXPECT_EQ(after->progress().micro_step_id(), 8);
+  clock_.Advance(absl::Milliseconds(1500));
+  const v1::WindowDecision d3 = RunWindow(job, ranks, 3);
+  EXPECT_EQ(d3.optimizer_update_id(), 3);
+  EXPECT_EQ(d3.record().micro_step_id(), 12);
+  EXPECT_DOUBLE_EQ(d3.record().update_interval_seconds(), 1.5);
 }
 
 // Catches: a StoreGet that answers before the key exists, or never after StoreSet.

@@ -81,6 +81,7 @@ struct RankReport {
   double grad_norm = 0.5;
   int64_t micro_steps = 2;
   int64_t allreduce_calls = 1;
+  std::optional<double> grad_norm_scaled;  // sent only when set (a loss scaler is on)
 };
 
 inline std::vector<RankReport> Reports(int world, RankReport r = {}) {
@@ -236,6 +237,7 @@ class SimulatedRanks {
     req.set_grad_norm(r.grad_norm);
     req.set_micro_steps(r.micro_steps);
     req.set_allreduce_calls(r.allreduce_calls);
+    if (r.grad_norm_scaled.has_value()) req.set_grad_norm_scaled(*r.grad_norm_scaled);
     return req;
   }
 

@@ -455,6 +455,122 @@ TEST(StepMachineTest, WindowSecondsFromFirstReport) {
   EXPECT_EQ(d.record().end_time_ms(), absl::ToUnixMillis(sim.now()));
 }
 
+// Catches: a micro_step_id that counts only the window (not cumulative), counts an aborted
+// attempt whose micro-batches the retry runs again, or misses a skipped window's.
+TEST(StepMachineTest, MicroStepIdCountsEndedWindowsNotAbortedAttempts) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+  sim.Start(2);
+  const v1::WindowDecision d1 = sim.RunWindow();  // 2 ranks × 2 micro-steps
+  EXPECT_EQ(d1.record().micro_steps(), 4);
+  EXPECT_EQ(d1.record().micro_step_id(), 4);
+  RankReport inf;
+  inf.found_inf = true;
+  inf.micro_steps = 3;
+  const v1::WindowDecision d2 = sim.RunWindow(Reports(2, inf));
+  ASSERT_EQ(d2.reason(), "OVERFLOW");
+  EXPECT_EQ(d2.record().micro_step_id(), 10);
+  RankReport diverged;
+  diverged.grad_norm = 7.0;
+  const v1::WindowDecision d3 = sim.RunWindow({RankReport{}, diverged});
+  ASSERT_EQ(d3.reason(), "DESYNC");
+  EXPECT_EQ(d3.record().micro_steps(), 4);
+  EXPECT_EQ(d3.record().micro_step_id(), 10);  // not counted: retried below
+  EXPECT_EQ(sim.progress().micro_step_id(), 10);
+  const v1::WindowDecision retry = sim.RunWindow();
+  EXPECT_EQ(retry.record().window_id(), 3);
+  EXPECT_EQ(retry.record().micro_step_id(), 14);
+  // An empty window ends at its barrier: nothing ran.
+  sim.BeginAll(4, {0, 0});
+  auto empty = sim.Begin(0, 4, 0);
+  ASSERT_TRUE(empty.ok() && empty->ready);
+  EXPECT_EQ(empty->response.decision().record().micro_step_id(), 14);
+  EXPECT_EQ(sim.progress().micro_step_id(), 14);
+}
+
+// Catches: an update interval measured per window (first report to decision) instead of
+// from one commit to the next, set on skips, or counted from the skip before it.
+TEST(StepMachineTest, UpdateIntervalRunsFromThePreviousCommit) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+  sim.Start(2);  // the job starts running now
+  sim.Advance(absl::Milliseconds(700));
+  const v1::WindowDecision d1 = sim.RunWindow();
+  EXPECT_DOUBLE_EQ(d1.record().update_interval_seconds(), 0.7);  // from the job's start
+  sim.Advance(absl::Seconds(2));
+  RankReport inf;
+  inf.found_inf = true;
+  const v1::WindowDecision skipped = sim.RunWindow(Reports(2, inf));
+  EXPECT_FALSE(skipped.record().has_update_interval_seconds());
+  sim.Advance(absl::Milliseconds(1500));
+  ASSERT_FALSE(sim.Begin(0, 3, 10)->ready);
+  sim.Advance(absl::Seconds(1));
+  sim.Begin(1, 3, 10);
+  const v1::WindowDecision d3 = sim.CompleteAll(3, Reports(2));
+  EXPECT_DOUBLE_EQ(d3.record().update_interval_seconds(), 4.5);
+  EXPECT_DOUBLE_EQ(d3.record().window_seconds(), 1.0);
+}
+
+// Catches: the short last window of an epoch not marked, a full window marked, a dropped
+// tail not recorded (or recorded under `dynamic`, or on a window that does not end an
+// epoch), job progress that forgets the dropped samples.
+TEST(StepMachineTest, TailWindowsAndDroppedTailsAreRecorded) {
+  SpecOptions o;  // B = 1 × 2 × 2 = 4
+  o.epochs = 2;
+  {
+    SimulatedRanks sim(ResolvedSpec(o));
+    sim.set_samples(10);  // windows of 4, 4, 2 per epoch
+    sim.Start(2);
+    for (int64_t w = 1; w <= 6; ++w) {
+      const v1::UpdateRecord r = sim.RunWindow().record();
+      EXPECT_EQ(r.tail_window(), w % 3 == 0) << w;
+      EXPECT_FALSE(r.has_dropped_tail()) << w;
+    }
+    EXPECT_EQ(sim.progress().dropped_samples(), 0);
+    EXPECT_FALSE(sim.progress().has_last_dropped_tail());
+  }
+  o.tail = "drop";
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.set_samples(10);  // windows of 4, 4; positions 8 and 9 are dropped
+  sim.Start(2);
+  const v1::UpdateRecord r1 = sim.RunWindow().record();
+  EXPECT_FALSE(r1.tail_window());
+  EXPECT_FALSE(r1.has_dropped_tail());
+  EXPECT_EQ(sim.progress().dropped_samples(), 0);
+  const v1::UpdateRecord r2 = sim.RunWindow().record();
+  ASSERT_TRUE(r2.has_dropped_tail());
+  EXPECT_EQ(r2.dropped_tail().epoch(), 0);
+  EXPECT_EQ(r2.dropped_tail().samples(), 2);
+  EXPECT_EQ(r2.dropped_tail().first_position(), 8);
+  EXPECT_THAT(r2.dropped_tail().sample_ids(), ElementsAre(8, 9));
+  EXPECT_EQ(sim.progress().dropped_samples(), 2);
+  EXPECT_EQ(sim.progress().last_dropped_tail().SerializeAsString(),
+            r2.dropped_tail().SerializeAsString());
+  sim.RunWindow();
+  // The epoch ends on a skipped window: its tail is dropped all the same.
+  RankReport inf;
+  inf.found_inf = true;
+  const v1::UpdateRecord r4 = sim.RunWindow(Reports(2, inf)).record();
+  ASSERT_EQ(r4.outcome(), "skip");
+  ASSERT_TRUE(r4.has_dropped_tail());
+  EXPECT_EQ(r4.dropped_tail().epoch(), 1);
+  EXPECT_EQ(sim.progress().dropped_samples(), 4);
+  EXPECT_EQ(sim.progress().last_dropped_tail().epoch(), 1);
+}
+
+// Catches: the scaled-norm probe lost between the workers' reports and the log, or made up
+// when no scaler reported one.
+TEST(StepMachineTest, ScaledGradNormIsLoggedBesideThePreClipNorm) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+  sim.Start(2);
+  RankReport r;
+  r.grad_norm = 0.5;
+  r.grad_norm_scaled = 512.0;
+  const v1::UpdateRecord scaled = sim.RunWindow(Reports(2, r)).record();
+  ASSERT_TRUE(scaled.has_grad_norm_scaled());
+  EXPECT_EQ(scaled.grad_norm_scaled(), 512.0);
+  EXPECT_EQ(scaled.grad_norm_pre_clip(), 0.5);
+  EXPECT_FALSE(sim.RunWindow().record().has_grad_norm_scaled());
+}
+
 // Catches: an N = 0 window that reaches the workers (or commits) instead of ending at the
 // begin barrier as SKIP EMPTY_WINDOW, or that writes a NaN (0/0) anywhere in its record.
 TEST(StepMachineTest, EmptyWindowSkipsAtTheBarrier) {
@@ -905,6 +1021,11 @@ TEST(StepMachineTest, ReportsOutOfRangeAreRefusedNamingTheField) {
   RankReport minus_inf;
   minus_inf.grad_norm = -kInf;
   EXPECT_EQ(CodeOf(sim2.Complete(0, 1, minus_inf)), absl::StatusCode::kInvalidArgument);
+  RankReport negative_scaled;
+  negative_scaled.grad_norm_scaled = -2;
+  c = sim2.Complete(0, 1, negative_scaled);
+  EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.grad_norm_scaled must be ≥ 0"));
   RankReport many_steps;
   many_steps.micro_steps = kMax;
   c = sim2.Complete(0, 1, many_steps);

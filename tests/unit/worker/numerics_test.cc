@@ -204,6 +204,28 @@ TEST(ReplicaTest, AccumulatedMicroStepsEqualTheFullWindow) {
   EXPECT_NEAR(um.grad_norm, uf.grad_norm, 1e-5 * uf.grad_norm);
 }
 
+// The seeds' probe on the worked example (one parameter, K = 3, S = 8: accumulated .grad
+// 16, unscaled 2): the scaled norm is taken before unscaling, the pre-clip norm after, and
+// their ratio is S. Without a loss scaler there is no probe.
+// Catches: either norm taken on the wrong side of the unscale (ratio 1), the probe reading
+// gradients already unscaled by a queued kernel, a probe reported without a scaler.
+TEST(ReplicaTest, ScaledNormProbeIsTakenBeforeUnscale) {
+  const v1::JobSpec fp32 = Spec(
+      R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}},"loss_scaler":{"enabled":true}})");
+  std::unique_ptr<Replica> r = *Replica::Create(fp32, at::kCPU);
+  std::vector<at::Tensor> grads = r->Gradients();
+  for (at::Tensor& g : grads) g.zero_();
+  grads.front().view({-1})[0].fill_(8.0 * (1.0 + 2.0 + 3.0) / 3.0);  // S·Σg_k/K = 16
+  const UnscaleResult u = r->UnscaleAndCheck(8.0);
+  ASSERT_TRUE(u.grad_norm_scaled.has_value());
+  EXPECT_DOUBLE_EQ(*u.grad_norm_scaled, 16.0);
+  EXPECT_DOUBLE_EQ(u.grad_norm, 2.0);
+  EXPECT_DOUBLE_EQ(*u.grad_norm_scaled / u.grad_norm, 8.0);
+
+  const v1::JobSpec plain = Spec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})");
+  EXPECT_FALSE((*Replica::Create(plain, at::kCPU))->UnscaleAndCheck(1.0).grad_norm_scaled);
+}
+
 // Catches: a skipped or aborted window leaving gradients (or an injected inf) behind.
 TEST(ReplicaTest, ZeroGradLeavesNoResidue) {
   const v1::JobSpec spec = Spec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})");

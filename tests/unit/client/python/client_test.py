@@ -334,6 +334,18 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(out[4]["loss"], 2.5)
         self.assertIsInstance(out[0]["cumulative_tokens"], int)
         self.assertEqual(json.loads(json.dumps(out[2]))["grad_norm_pre_clip"], None)
+        # Unset optional fields are None, set ones (even 0) their value; nested messages and
+        # repeated fields as dicts and lists with int64 as int (as RecordToJson writes them).
+        self.assertIsNone(out[0]["grad_norm_scaled"])
+        self.assertIsNone(out[0]["dropped_tail"])
+        self.fake.records[0].grad_norm_scaled = 0.0
+        self.fake.records[0].dropped_tail.epoch = 3
+        self.fake.records[0].dropped_tail.sample_ids.extend([1 << 40, 2])
+        first = next(iter(self.client.logs("job-7")))
+        self.assertEqual(first["grad_norm_scaled"], 0.0)
+        self.assertEqual(first["dropped_tail"],
+                         {"epoch": 3, "samples": 0, "first_position": 0,
+                          "sample_ids": [1 << 40, 2]})
 
     # Catches: a broken stream (coordinator restart) ending the watch, a resumed stream
     # repeating records, a retried window (same id, next generation) dropped as a duplicate,

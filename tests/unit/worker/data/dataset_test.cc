@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -128,6 +129,21 @@ TEST(RandomTest, DerivedSeedsAreDistinct) {
 // ValidTokens
 
 // Catches counting labels[0] (no position predicts it), counting -100, or counting padding.
+// Catches: the coordinator naming other dropped samples than the workers' order holds (the
+// sparse tail diverging from the full Fisher–Yates).
+TEST(RandomTest, PermutationTailEqualsTheEndOfPermutation) {
+  for (int64_t n : {0, 1, 2, 7, 100, 1001}) {
+    for (uint64_t seed : {0ull, 1ull, 0xdeadbeefull}) {
+      const std::vector<int64_t> full = Permutation(n, seed);
+      for (int64_t count : {int64_t{0}, int64_t{1}, n / 3, n - 1, n, n + 5}) {
+        const int64_t c = std::clamp<int64_t>(count, 0, n);
+        EXPECT_EQ(PermutationTail(n, seed, count), std::vector<int64_t>(full.end() - c, full.end()))
+            << "n " << n << " seed " << seed << " count " << count;
+      }
+    }
+  }
+}
+
 TEST(ValidTokensTest, CountsShiftedUnmaskedLabels) {
   EXPECT_EQ(ValidTokens(Tokens({1, 2, 3, 4}, {1, 2, 3, 4})), 3);  // the shift drops labels[0]
   EXPECT_EQ(ValidTokens(Tokens({1, 2, 3, 4}, {1, -100, 3, -100})), 1);

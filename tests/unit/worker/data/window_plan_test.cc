@@ -247,5 +247,79 @@ TEST(WindowPlannerTest, PlanIsAPureFunction) {
   }
 }
 
+// Catches: a tail window not flagged (or a full one flagged), the flag under `drop`, the
+// epoch end misplaced.
+TEST(WindowPlannerTest, WindowSizeMarksTheShortTailWindow) {
+  const WindowPlanner dynamic(Spec(Plan()), 19);  // B = 8: windows of 8, 8, 3
+  EXPECT_EQ(dynamic.WindowSize(1), 8);
+  EXPECT_EQ(dynamic.WindowSize(3), 3);
+  EXPECT_EQ(dynamic.WindowSize(6), 3);  // epoch 1
+  EXPECT_EQ(dynamic.WindowSize(0), 0);
+  for (int64_t w = 1; w <= 6; ++w) {
+    EXPECT_EQ(dynamic.IsTailWindow(w), w % 3 == 0) << w;
+    EXPECT_EQ(dynamic.EndsEpoch(w), w % 3 == 0) << w;
+    EXPECT_EQ(dynamic.WindowSize(w), static_cast<int64_t>(dynamic.WindowSamples(w).size())) << w;
+  }
+  EXPECT_EQ(dynamic.dropped_per_epoch(), 0);
+  EXPECT_EQ(dynamic.DroppedTail(0).samples(), 0);
+  EXPECT_TRUE(WindowPlanner(Spec(Plan()), 5).IsTailWindow(1));  // S < B: the only window
+  EXPECT_FALSE(WindowPlanner(Spec(Plan()), 16).IsTailWindow(2));
+
+  const WindowPlanner drop(Spec(Plan().Drop()), 19);
+  for (int64_t w = 1; w <= 4; ++w) {
+    EXPECT_FALSE(drop.IsTailWindow(w)) << w;
+    EXPECT_EQ(drop.EndsEpoch(w), w % 2 == 0) << w;
+  }
+}
+
+// Catches: a dropped tail that names other samples than the ones no window trains (count,
+// positions or, shuffled, the indices of another epoch), a tail reported under `dynamic`.
+TEST(WindowPlannerTest, DroppedTailIsExactlyWhatNoWindowTrains) {
+  for (const Plan& p : {Plan().Drop(), Plan().Drop().Shuffle(5), Plan().Batch(3, 2, 2).Drop()}) {
+    const WindowPlanner planner(Spec(p), 45);
+    const int64_t per_epoch = planner.windows_per_epoch();
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::set<int64_t> trained;
+      for (int64_t w = epoch * per_epoch + 1; w <= (epoch + 1) * per_epoch; ++w) {
+        for (int64_t i : planner.WindowSamples(w)) trained.insert(i);
+      }
+      std::vector<int64_t> left_out;
+      const std::vector<int64_t> order = planner.EpochOrder(epoch);
+      for (int64_t pos = 0; pos < 45; ++pos) {
+        if (trained.count(order[pos]) == 0) left_out.push_back(order[pos]);
+      }
+      const v1::DroppedTail d = planner.DroppedTail(epoch);
+      EXPECT_EQ(d.epoch(), epoch);
+      EXPECT_EQ(d.samples(), static_cast<int64_t>(left_out.size()));
+      EXPECT_EQ(d.samples(), planner.dropped_per_epoch());
+      EXPECT_EQ(d.first_position(), 45 - d.samples());
+      EXPECT_THAT(d.sample_ids(), ElementsAreArray(left_out)) << "epoch " << epoch;
+    }
+  }
+  // Two shuffled epochs drop different samples.
+  const WindowPlanner shuffled(Spec(Plan().Drop().Shuffle(5)), 45);
+  const auto ids = [&](int64_t epoch) {
+    const v1::DroppedTail d = shuffled.DroppedTail(epoch);
+    return std::vector<int64_t>(d.sample_ids().begin(), d.sample_ids().end());
+  };
+  EXPECT_NE(ids(0), ids(1));
+}
+
+// Catches: a log record that grows with the dataset: beyond the listing limit only the count
+// and the positions are given.
+TEST(WindowPlannerTest, LargeDroppedTailIsNotListed) {
+  const int64_t b = 2 * 2 * 2;
+  const int64_t limit = WindowPlanner::kMaxListedDroppedSamples;
+  // B = 8 cannot drop more than 7: a bigger batch is needed to pass the limit.
+  const WindowPlanner big(Spec(Plan().Batch(4096, 2, 1).Drop().Shuffle(3)), 8192 + limit + 1);
+  const v1::DroppedTail d = big.DroppedTail(0);
+  EXPECT_EQ(d.samples(), limit + 1);
+  EXPECT_EQ(d.first_position(), 8192);
+  EXPECT_TRUE(d.sample_ids().empty());
+  const WindowPlanner at_limit(Spec(Plan().Batch(4096, 2, 1).Drop().Shuffle(3)), 8192 + limit);
+  EXPECT_EQ(at_limit.DroppedTail(0).sample_ids_size(), limit);
+  EXPECT_EQ(WindowPlanner(Spec(Plan().Drop()), b * 3).DroppedTail(0).samples(), 0);
+}
+
 }  // namespace
 }  // namespace trainstep::data
