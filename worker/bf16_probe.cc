@@ -1,6 +1,7 @@
 #include "worker/bf16_probe.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/api/include/torch/utils.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,7 +40,7 @@ std::string Ms(double seconds) { return absl::StrFormat("%.2f ms", seconds * 1e3
 absl::StatusOr<Bf16Cost> MeasureBf16Cost() {
   Bf16Cost cost;
   absl::Status s = CatchTorch(absl::StatusCode::kInternal, "measuring bf16 against fp32", [&] {
-    at::NoGradGuard no_grad;
+    torch::NoGradGuard no_grad;  // at::NoGradGuard is not in ATen.h on LibTorch 2.x
     const at::Tensor x = at::randn({64, 256});
     const at::Tensor w = at::randn({256, 256});
     const at::Tensor b = at::randn({256});
