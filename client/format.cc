@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/spec.h"
 
 namespace trainstep::client {
 namespace {
@@ -181,9 +182,13 @@ std::string ProgressLine(const ProgressView& v) {
   if (v.units_per_second.has_value()) {
     absl::StrAppend(&s, FormatSi(*v.units_per_second), " ", v.unit, "/s  ");
   }
-  absl::StrAppend(&s, "loss ", v.loss.has_value() ? FormatLoss(*v.loss) : "-", "  scale ",
-                  FormatLossScale(v.loss_scale), "  lr ", FormatLearningRate(v.learning_rate),
-                  "  skipped ", v.skipped);
+  if (v.updates_per_second.has_value()) {
+    absl::StrAppend(&s, FormatSi(*v.updates_per_second), " upd/s  ");
+  }
+  absl::StrAppend(&s, "loss ", v.loss.has_value() ? FormatLoss(*v.loss) : "-");
+  if (v.eval_loss.has_value()) absl::StrAppend(&s, "  eval ", FormatLoss(*v.eval_loss));
+  absl::StrAppend(&s, "  scale ", FormatLossScale(v.loss_scale), "  lr ",
+                  FormatLearningRate(v.learning_rate), "  skipped ", v.skipped);
   if (v.total > 0 && v.eta.has_value()) absl::StrAppend(&s, "  ETA ", ShortDuration(*v.eta));
   return s;
 }
@@ -196,6 +201,19 @@ std::string UpdateLine(const v1::UpdateRecord& r) {
       " lr=", absl::StrFormat("%g", r.learning_rate()), " scale=", FormatLossScale(r.loss_scale()),
       " norm=", absl::StrFormat("%.2f->%.2f", r.grad_norm_pre_clip(), r.grad_norm_post_clip()),
       " tokens=", r.global_valid_tokens());
+  if (r.has_eval_loss()) absl::StrAppend(&s, " eval_loss=", absl::StrFormat("%.5g", r.eval_loss()));
+  return s;
+}
+
+std::string ThroughputText(const v1::Job& job) {
+  const v1::Throughput& t = job.throughput();
+  if (t.span_seconds() <= 0) return "-";
+  std::string s = absl::StrCat(FormatSi(t.tokens_per_second()), " ",
+                               IsTokenLevel(job.spec()) ? "tok" : "samples", "/s, ",
+                               FormatSi(t.updates_per_second()), " updates/s (last ",
+                               ShortDuration(absl::Seconds(t.span_seconds())), ")");
+  if (t.has_eta_seconds())
+    absl::StrAppend(&s, ", ETA ", ShortDuration(absl::Seconds(t.eta_seconds())));
   return s;
 }
 

@@ -24,6 +24,7 @@ constexpr char kLrColor[] = "#2ca02c";
 constexpr char kScaleColor[] = "#9467bd";
 constexpr char kPreClipColor[] = "#8c564b";
 constexpr char kPostClipColor[] = "#17becf";
+constexpr char kEvalColor[] = "#e377c2";
 constexpr char kSkipColor[] = "#ff7f0e";
 constexpr char kAbortColor[] = "#d62728";
 constexpr char kGridColor[] = "#e9ecef";
@@ -301,6 +302,7 @@ std::string RenderPlotSvg(const PlotInput& input) {
   Panel norm{"gradient norm",
              false,
              {{"pre-clip", kPreClipColor, {}, false}, {"post-clip", kPostClipColor, {}, false}}};
+  Series eval{"eval (held-out)", kEvalColor, {}, false};
   std::vector<Mark> marks;
   int64_t commits = 0, skips = 0, aborts = 0;
   for (const v1::UpdateRecord& r : input.records) {
@@ -308,6 +310,7 @@ std::string RenderPlotSvg(const PlotInput& input) {
     if (r.outcome() == "commit") {
       ++commits;
       loss.series[0].points.push_back({id, r.loss()});
+      if (r.has_eval_loss()) eval.points.push_back({id, r.eval_loss()});
       lr.series[0].points.push_back({id, r.learning_rate()});
       norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
       norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
@@ -323,6 +326,8 @@ std::string RenderPlotSvg(const PlotInput& input) {
     // A skip can change the scale (overflow backs it off); an abort changes nothing.
     if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
   }
+  // The held-out loss shares the training loss's panel (same units), only in jobs with spec.eval.
+  if (!eval.points.empty()) loss.series.push_back(std::move(eval));
   const std::vector<Panel> panels = {loss, lr, scale, norm};
 
   // One x range for every panel: the data and the marks.

@@ -46,6 +46,12 @@ std::string RecordToJson(const google::protobuf::Message& record) {
     const FieldDescriptor* f = d->field(i);
     if (f->is_repeated()) continue;
     absl::StrAppend(&out, i == 0 ? "" : ",", "\"", f->name(), "\":");
+    // An optional field that is unset (an update that was not evaluated) has no value.
+    if (f->has_presence() && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE &&
+        !r->HasField(record, f)) {
+      absl::StrAppend(&out, "null");
+      continue;
+    }
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32:
         absl::StrAppend(&out, r->GetInt32(record, f));

@@ -13,7 +13,8 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty = false
 
 // A flat record (scalar fields only, like UpdateRecord) as one JSON line the way data tools
 // want it: 64-bit integers as numbers (protobuf's mapping quotes them), doubles at full
-// precision, non-finite doubles as null (JSON has no NaN). Nested fields use ToJson.
+// precision, non-finite doubles and unset `optional` fields as null (JSON has no NaN). Nested
+// fields use ToJson.
 std::string RecordToJson(const google::protobuf::Message& record);
 
 }  // namespace trainstep

@@ -23,6 +23,16 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
       LogEvent(text, json);
       break;
     }
+    case v1::JournalRecord::kEvalEnded: {
+      const v1::EvalEnded& e = record.eval_ended();
+      std::string text =
+          absl::StrFormat("%s eval update=%d gen %d: eval_loss=%.5g tokens=%d", job.job_id(),
+                          e.optimizer_update_id(), e.generation(), e.eval_loss(), e.valid_units());
+      std::string json = RecordToJson(e);
+      json.insert(1, "\"event\":\"eval_ended\",");
+      LogEvent(text, json);
+      break;
+    }
     case v1::JournalRecord::kJobSubmitted:
       LogInfo(absl::StrCat("job ", job.job_id(), " (", job.name(), ") submitted"));
       break;

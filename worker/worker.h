@@ -67,6 +67,9 @@ class Worker {
   absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);
   // One window; returns the decision (ABORT when the generation broke under it).
   absl::StatusOr<v1::WindowDecision> RunWindow(const v1::Assignment& a, int64_t window_id);
+  // Held-out evaluation of the replica (at `update_id`) on this rank's share of spec.eval.data,
+  // reported to the eval barrier; ABORTED when the generation broke meanwhile.
+  absl::Status RunEval(const v1::Assignment& a, int64_t update_id);
   absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                int64_t scheduler_step, double loss_scale);
   absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
@@ -90,6 +93,9 @@ class Worker {
   v1::JobSpec spec_;
   absl::Duration heartbeat_every_ = absl::Seconds(1);
   std::optional<data::Dataset> dataset_;
+  std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
+  // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.
+  std::optional<std::pair<int64_t, double>> last_eval_;
   std::unique_ptr<data::WindowPlanner> planner_;
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Collective> collective_;

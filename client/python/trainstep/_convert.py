@@ -4,8 +4,8 @@ Two shapes, as in common/proto_json.h:
   * a Job (get, list, cancel): protobuf's JSON mapping with the .proto field names and every
     field present — what `trainstep job get -o json` prints (64-bit integers are strings);
   * a per-update record (watch, logs): one flat object the way data tools want it — what
-    `trainstep job logs -o jsonl` prints: 64-bit integers as numbers, non-finite numbers as
-    None (JSON null), keys in .proto order.
+    `trainstep job logs -o jsonl` prints: 64-bit integers as numbers, non-finite numbers and
+    unset `optional` fields as None (JSON null), keys in .proto order.
 Both walk the descriptors, so a field added to the .proto appears here without a change.
 """
 
@@ -35,7 +35,9 @@ def record_to_dict(record):
         if field.label == _FD.LABEL_REPEATED:
             continue
         value = getattr(record, field.name)
-        if field.cpp_type in (_FD.CPPTYPE_DOUBLE, _FD.CPPTYPE_FLOAT):
+        if field.containing_oneof is not None and not record.HasField(field.name):
+            value = None  # an unset `optional` field (eval_loss of an update not evaluated)
+        elif field.cpp_type in (_FD.CPPTYPE_DOUBLE, _FD.CPPTYPE_FLOAT):
             value = value if math.isfinite(value) else None
         elif field.cpp_type == _FD.CPPTYPE_ENUM:
             value = field.enum_type.values_by_number[value].name
