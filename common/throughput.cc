@@ -34,8 +34,8 @@ v1::Throughput ComputeThroughput(const std::vector<v1::UpdateRecord>& records, c
   const v1::JobProgress& p = job.progress();
   if (job.spec().stop().has_max_updates()) {
     if (updates > 0) {
-      const int64_t left = std::max<int64_t>(0, job.spec().stop().max_updates() -
-                                                    p.optimizer_update_id());
+      const int64_t left =
+          std::max<int64_t>(0, job.spec().stop().max_updates() - p.optimizer_update_id());
       t.set_eta_seconds(static_cast<double>(left) / t.updates_per_second());
     }
   } else if (p.windows_per_epoch() > 0 && windows > 0) {
