@@ -449,6 +449,11 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
     loss_sum += l;
     units += replica_->token_level() ? batch.valid_tokens : batch.samples;
   }
+  if (options_.exit_in_eval_update == update_id) {
+    LogWarning(
+        absl::StrCat("--debug-exit-in-eval: exiting in the evaluation of update ", update_id));
+    _exit(3);
+  }
   v1::ReportEvalRequest req;
   req.set_job_id(job_id_);
   req.set_worker_id(member_id_);
@@ -458,7 +463,7 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
   req.set_loss_sum(loss_sum);
   req.set_valid_units(units);
   ASSIGN_OR_RETURN(v1::ReportEvalResponse r, client_->ReportEval(req));
-  last_eval_ = {update_id, r.eval_loss()};
+  last_eval_.emplace(update_id, r.eval_loss());
   LogInfo(absl::StrCat("eval after update ", update_id, ": loss ", r.eval_loss(), " over ",
                        r.valid_units(), replica_->token_level() ? " tokens" : " samples", " (",
                        units, " here, ", absl::FormatDuration(absl::Now() - start), ")"));
@@ -466,7 +471,12 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
 }
 
 absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment& a) {
-  if (a.has_last_eval_loss()) last_eval_ = {a.last_eval_update_id(), a.last_eval_loss()};
+  // The coordinator's word on the latest evaluation (a rollback may have erased ours).
+  if (a.has_last_eval_loss()) {
+    last_eval_.emplace(a.last_eval_update_id(), a.last_eval_loss());
+  } else {
+    last_eval_.reset();
+  }
   // An evaluation a lost rank interrupted comes first: the replicas hold that update's weights,
   // and a pending final checkpoint should carry its result.
   if (a.has_pending_eval_update_id()) {

@@ -38,6 +38,8 @@ struct WorkerOptions {
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
   // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
   int64_t perturb_grad_window = 0;
+  // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.
+  int64_t exit_in_eval_update = 0;
 };
 
 // How the process should exit.

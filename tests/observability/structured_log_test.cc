@@ -70,7 +70,7 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
   ASSERT_EQ(log.size(), 30u);
 
   std::map<std::pair<int64_t, int64_t>, Value> windows;  // (generation, window_id) → line
-  std::map<int64_t, Value> evals;                         // optimizer_update_id → eval line
+  std::map<int64_t, Value> evals;                        // optimizer_update_id → eval line
   int other_lines = 0;
   for (const std::string& line : lines) {
     absl::StatusOr<Value> v = ParseJson(line);
@@ -98,7 +98,8 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
       for (const char* key : {"generation", "optimizer_update_id", "eval_loss", "valid_units"}) {
         ASSERT_NE(JsonPath(*v, {key}), nullptr) << key << " missing in " << line;
       }
-      const auto update = static_cast<int64_t>(JsonPath(*v, {"optimizer_update_id"})->number_value());
+      const auto update =
+          static_cast<int64_t>(JsonPath(*v, {"optimizer_update_id"})->number_value());
       EXPECT_TRUE(evals.emplace(update, *v).second) << "evaluation logged twice: " << line;
       continue;
     }
@@ -124,7 +125,8 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
     if (!r.has_eval_loss()) continue;
     ++evaluated;
     auto it = evals.find(r.optimizer_update_id());
-    ASSERT_NE(it, evals.end()) << "evaluation of update " << r.optimizer_update_id() << " not logged";
+    ASSERT_NE(it, evals.end()) << "evaluation of update " << r.optimizer_update_id()
+                               << " not logged";
     EXPECT_DOUBLE_EQ(JsonPath(it->second, {"eval_loss"})->number_value(), r.eval_loss());
     EXPECT_EQ(static_cast<int64_t>(JsonPath(it->second, {"valid_units"})->number_value()),
               r.eval_valid_tokens());
