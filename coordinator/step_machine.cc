@@ -971,8 +971,9 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
     const bool final_needed =
         done && checkpoints_.rbegin()->second.optimizer_update_id() != update_after;
     // Every eval.every_updates-th update, and the last one (once) when the job ends.
-    const int64_t eval_every = job_.spec().eval().every_updates();
-    const bool periodic_eval = d.outcome() == v1::COMMIT && update_after % eval_every == 0;
+    const int64_t eval_every = job_.spec().eval().every_updates();  // 0 without eval
+    const bool periodic_eval =
+        d.outcome() == v1::COMMIT && eval_every > 0 && update_after % eval_every == 0;
     const bool final_eval =
         done && (!last_eval_.has_value() || last_eval_->optimizer_update_id() != update_after);
     d.set_run_eval(EvalEnabled() && update_after > 0 && (periodic_eval || final_eval));

@@ -283,7 +283,7 @@ TEST(ProgressTrackerTest, UsesTheCoordinatorsThroughputAndShowsTheEvalLoss) {
   EXPECT_EQ(*v.eta, absl::Seconds(24));
   EXPECT_EQ(*v.eval_loss, 2.5);
   const std::string line = ProgressLine(v);
-  EXPECT_NE(line.find("] 3.1k samples/s  2.5 upd/s  loss 1.500  eval 2.500  scale 1024"),
+  EXPECT_NE(line.find("] 3.1k samples/s  2.5 upd/s  loss 1.5  eval 2.5  scale 1024"),
             std::string::npos)
       << line;
   EXPECT_EQ(line.substr(line.size() - 7), "ETA 24s") << line;

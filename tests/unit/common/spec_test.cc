@@ -812,7 +812,7 @@ std::vector<RuleCase> ParseErrorCases() {
       {"UnknownTopLevelField", R"({"micro_batch_size":4})",
        "micro_batch_size: unknown field; the spec accepts: name, seed, model, data, batch, "
        "precision, loss, optimizer, schedule, clip, loss_scaler, stop, checkpoint, workers, "
-       "debug"},
+       "debug, eval"},
       // A typo inside a list element.
       {"UnknownFieldInList", R"({"optimizer":{"param_groups":[{"prefixx":"a."}]}})",
        "optimizer.param_groups[0].prefixx: unknown field; optimizer.param_groups[0] accepts: "

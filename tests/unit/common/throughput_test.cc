@@ -31,7 +31,7 @@ TEST(ThroughputTest, CountsOnlyCommitsOfTheLastMinute) {
   v1::Job job = RunningJob();
   std::vector<v1::UpdateRecord> log = {
       Record(absl::Seconds(10), "commit", 1000), Record(absl::Seconds(20), "commit", 1000),
-      Record(absl::Seconds(50), "commit", 600),  // 50 s ≤ 100 − 60: just outside
+      Record(absl::Seconds(40), "commit", 600),  // at 100 − 60 s: just outside
       Record(absl::Seconds(70), "commit", 600),  Record(absl::Seconds(80), "skip", 600),
       Record(absl::Seconds(90), "abort", 600),   Record(absl::Seconds(95), "commit", 600)};
   v1::Throughput t = ComputeThroughput(log, job, kStart + absl::Seconds(100));
