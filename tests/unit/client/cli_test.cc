@@ -504,6 +504,39 @@ TEST_F(CliE2eTest, WatchRunsToSuccess) {
   EXPECT_EQ(ParseJson<v1::Job>(again.out).state(), v1::SUCCEEDED);
 }
 
+// The simulated workers report a held-out loss of 1 / (1 + update) (simulated_worker.h).
+// Catches: `job watch` printing an evaluated update's line before (or without) its eval_loss,
+// or lines for updates that were not evaluated carrying one; `job get` without the eval loss
+// and the throughput line.
+TEST_F(CliE2eTest, WatchAndGetShowTheEvalLossAndThroughput) {
+  constexpr int64_t kWindows = 6;
+  std::string spec = Spec(2, kWindows);
+  spec.insert(spec.size() - 1, R"(,"eval":{"data":{"synthetic_regression":{"samples":4}},)"
+                               R"("every_updates":2})");
+  ASSERT_EQ(Cli({"job", "submit", WriteFile("spec.json", spec)}).out, "job-1\n");
+  std::future<CliResult> watch = CliAsync({"job", "watch", "job-1"});
+  auto workers = Workers("job-1", 2, 2 * kWindows);
+  RunAll(workers);
+  const CliResult r = Await(watch, "job-1");
+  EXPECT_EQ(r.rc, kExitOk) << r.err;
+  EXPECT_EQ(CountLinesStartingWith(r.err, "window "), static_cast<size_t>(kWindows)) << r.err;
+  for (const std::string& line : Lines(r.err)) {
+    if (!absl::StartsWith(line, "window ")) continue;
+    const bool evaluated = absl::StartsWith(line, "window 2 ") ||
+                           absl::StartsWith(line, "window 4 ") ||
+                           absl::StartsWith(line, "window 6 ");
+    EXPECT_EQ(absl::StrContains(line, " eval_loss="), evaluated) << line;
+  }
+  EXPECT_TRUE(absl::StrContains(r.err, "tokens=2 eval_loss=0.33333")) << r.err;  // update 2
+
+  const CliResult get = Cli({"job", "get", "job-1"});
+  EXPECT_EQ(get.rc, kExitOk) << get.err;
+  EXPECT_TRUE(absl::StrContains(get.out, "eval loss") &&
+              absl::StrContains(get.out, "(update 6)"))  // 1 / 7 after the last update
+      << get.out;
+  EXPECT_TRUE(absl::StrContains(get.out, "updates/s (last ")) << get.out;
+}
+
 // Catches: per-update lines spilling onto a terminal, a live line that is not redrawn in
 // place, or a final line that does not show the job complete.
 TEST_F(CliE2eTest, WatchOnATerminalDrawsOneLiveLine) {
