@@ -102,8 +102,9 @@ TEST_F(EvalTest, RecordedEvalLossEqualsAnIndependentRecomputation) {
     EXPECT_EQ(record.eval_valid_tokens(), ref->tokens) << "update " << update;
     EXPECT_NEAR(record.eval_loss(), ref->loss, kTolerance * std::fabs(ref->loss))
         << "update " << update;
-    // The check can tell token weighting from a mean of means on this data.
-    EXPECT_GT(std::fabs(ref->mean_of_micro_batch_means - ref->loss), 100 * kTolerance * ref->loss);
+    // The check can tell token weighting from a mean of means on this data (an untrained
+    // model's token losses are all near ln 256, so the gap is small, but 10× the tolerance).
+    EXPECT_GT(std::fabs(ref->mean_of_micro_batch_means - ref->loss), 10 * kTolerance * ref->loss);
   }
   // Training moved the weights: the evaluations differ.
   EXPECT_NE(evaluated[2].eval_loss(), evaluated[5].eval_loss());
