@@ -527,7 +527,10 @@ TEST_F(CliE2eTest, WatchAndGetShowTheEvalLossAndThroughput) {
                            absl::StartsWith(line, "window 6 ");
     EXPECT_EQ(absl::StrContains(line, " eval_loss="), evaluated) << line;
   }
-  EXPECT_TRUE(absl::StrContains(r.err, "tokens=2 eval_loss=0.33333")) << r.err;  // update 2
+  EXPECT_TRUE(absl::StrContains(r.err, "window 2 commit update=2 ")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "tokens=20 eval_loss=0.33333\n")) << r.err;  // 1 / (1 + 2)
+  // The job's end is reported after the last record (released with its evaluation).
+  EXPECT_LT(r.err.find("window 6 commit"), r.err.find("job job-1 SUCCEEDED")) << r.err;
 
   const CliResult get = Cli({"job", "get", "job-1"});
   EXPECT_EQ(get.rc, kExitOk) << get.err;
@@ -565,8 +568,9 @@ TEST_F(CliE2eTest, WatchOnATerminalDrawsOneLiveLine) {
   // Bounded by one epoch: the line counts windows against windows_per_epoch × epochs.
   const std::string last = e.substr(e.rfind('\r') + 1);
   EXPECT_TRUE(absl::StartsWith(last, "window 30/30 [############] ")) << last;
-  EXPECT_NE(last.find(" samples/s  loss 2  scale 1  lr 1.0e-03  skipped 0"), std::string::npos)
-      << last;
+  // The coordinator's rates over the job's last minute (Job.throughput).
+  EXPECT_NE(last.find(" samples/s  "), std::string::npos) << last;
+  EXPECT_NE(last.find(" upd/s  loss 2  scale 1  lr 1.0e-03  skipped 0"), std::string::npos) << last;
   EXPECT_TRUE(absl::EndsWith(last, "\n")) << last;  // the summary starts on its own line
   EXPECT_TRUE(absl::StartsWith(out.str(), "job-1 SUCCEEDED")) << out.str();
 }

@@ -16,9 +16,8 @@ namespace {
 TEST(GenerateTest, RefusesAModelThatIsNotByteLevel) {
   std::string tmpl = "/tmp/trainstep_generate_test_XXXXXX";
   const std::string dir = mkdtemp(tmpl.data());
-  std::ofstream(SpecPathFor(dir))
-      << R"({"model":{"tiny_gpt":{"vocab_size":50304}},)"
-      << R"("data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})";
+  std::ofstream(SpecPathFor(dir)) << R"({"model":{"tiny_gpt":{"vocab_size":50304}},)"
+                                  << R"("data":{"tokens":{"path":"/t.bin","dtype":"uint16"}}})";
   GenerateOptions options;
   options.checkpoint = dir + "/ckpt-1";
   absl::StatusOr<std::string> text = Generate(options);
