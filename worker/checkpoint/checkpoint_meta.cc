@@ -109,25 +109,24 @@ absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
   }
   if (!internal::IsValidUtf8(m.job_id)) return MetaError("job_id", "is not valid UTF-8");
   if (!internal::IsValidUtf8(m.spec_hash)) return MetaError("spec_hash", "is not valid UTF-8");
-  return absl::StrCat("{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
-                      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
-                      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
-                      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
-                      "  \"window_id\": ", IntJson(m.window_id), ",\n",
-                      "  \"epoch\": ", IntJson(m.epoch), ",\n",
-                      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
-                      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
-                      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
-                      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
-                      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
-                      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms),
-                      m.eval_loss.has_value()
-                          ? absl::StrCat(",\n  \"eval_loss\": ",
-                                         std::isfinite(*m.eval_loss) ? DoubleJson(*m.eval_loss)
-                                                                     : std::string("null"),
-                                         ",\n  \"eval_update_id\": ", IntJson(m.eval_update_id))
-                          : std::string(),
-                      "\n", "}\n");
+  return absl::StrCat(
+      "{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
+      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
+      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
+      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
+      "  \"window_id\": ", IntJson(m.window_id), ",\n", "  \"epoch\": ", IntJson(m.epoch), ",\n",
+      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
+      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
+      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
+      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
+      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
+      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms),
+      m.eval_loss.has_value() ? absl::StrCat(",\n  \"eval_loss\": ",
+                                             std::isfinite(*m.eval_loss) ? DoubleJson(*m.eval_loss)
+                                                                         : std::string("null"),
+                                             ",\n  \"eval_update_id\": ", IntJson(m.eval_update_id))
+                              : std::string(),
+      "\n", "}\n");
 }
 
 absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
