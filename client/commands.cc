@@ -322,6 +322,10 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
       {"world size", Workers(job)},
       {IsTokenLevel(job.spec()) ? "tokens" : "samples", absl::StrCat(p.cumulative_tokens())},
       {"loss", LastLoss(job)},
+      {"eval loss", p.has_last_eval_loss() ? absl::StrCat(FormatLoss(p.last_eval_loss()),
+                                                          " (update ", p.last_eval_update_id(), ")")
+                                           : std::string("-")},
+      {"throughput", ThroughputText(job)},
       {"loss scale", FormatLossScale(p.loss_scale())},
       {"learning rate", FormatLearningRate(p.learning_rate())},
       {"checkpoint",

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/spec.h"
 
 namespace trainstep::client {
 namespace {
@@ -181,9 +182,13 @@ std::string ProgressLine(const ProgressView& v) {
   if (v.units_per_second.has_value()) {
     absl::StrAppend(&s, FormatSi(*v.units_per_second), " ", v.unit, "/s  ");
   }
-  absl::StrAppend(&s, "loss ", v.loss.has_value() ? FormatLoss(*v.loss) : "-", "  scale ",
-                  FormatLossScale(v.loss_scale), "  lr ", FormatLearningRate(v.learning_rate),
-                  "  skipped ", v.skipped);
+  if (v.updates_per_second.has_value()) {
+    absl::StrAppend(&s, FormatSi(*v.updates_per_second), " upd/s  ");
+  }
+  absl::StrAppend(&s, "loss ", v.loss.has_value() ? FormatLoss(*v.loss) : "-");
+  if (v.eval_loss.has_value()) absl::StrAppend(&s, "  eval ", FormatLoss(*v.eval_loss));
+  absl::StrAppend(&s, "  scale ", FormatLossScale(v.loss_scale), "  lr ",
+                  FormatLearningRate(v.learning_rate), "  skipped ", v.skipped);
   if (v.total > 0 && v.eta.has_value()) absl::StrAppend(&s, "  ETA ", ShortDuration(*v.eta));
   return s;
 }
@@ -201,6 +206,7 @@ std::string UpdateLine(const v1::UpdateRecord& r) {
   }
   if (r.tail_window()) absl::StrAppend(&s, " tail");
   if (r.has_dropped_tail()) absl::StrAppend(&s, " dropped=", r.dropped_tail().samples());
+  if (r.has_eval_loss()) absl::StrAppend(&s, " eval_loss=", absl::StrFormat("%.5g", r.eval_loss()));
   return s;
 }
 
@@ -215,6 +221,18 @@ std::string DroppedTailText(const v1::DroppedTail& d) {
   }
   if (d.sample_ids_size() > kShown)
     absl::StrAppend(&s, " … (", d.sample_ids_size() - kShown, " more)");
+  return s;
+}
+
+std::string ThroughputText(const v1::Job& job) {
+  const v1::Throughput& t = job.throughput();
+  if (t.span_seconds() <= 0) return "-";
+  std::string s = absl::StrCat(FormatSi(t.tokens_per_second()), " ",
+                               IsTokenLevel(job.spec()) ? "tok" : "samples", "/s, ",
+                               FormatSi(t.updates_per_second()), " updates/s (last ",
+                               ShortDuration(absl::Seconds(t.span_seconds())), ")");
+  if (t.has_eta_seconds())
+    absl::StrAppend(&s, ", ETA ", ShortDuration(absl::Seconds(t.eta_seconds())));
   return s;
 }
 

@@ -60,28 +60,33 @@ struct ProgressView {
   int64_t done = 0;
   int64_t total = 0;  // 0 = unknown: no "/total", no bar, no ETA
   std::optional<double> units_per_second;
-  std::string unit = "tok";    // "tok" for token-level data, else "samples"
-  std::optional<double> loss;  // none before the first committed update
+  std::optional<double> updates_per_second;  // shown when set (the coordinator's rate)
+  std::string unit = "tok";                  // "tok" for token-level data, else "samples"
+  std::optional<double> loss;                // none before the first committed update
+  std::optional<double> eval_loss;  // the latest held-out loss (spec.eval), when there is one
   double loss_scale = 0;
   double learning_rate = 0;
   int64_t skipped = 0;
   std::optional<absl::Duration> eta;  // shown only with a total
 };
 
-// "update 120/200 [#######.....] 3.1k tok/s  loss 2.314  scale 65536  lr 8.0e-04  skipped 2  ETA
-// 1m20s"
+// "update 120/200 [#######.....] 3.1k tok/s  2.1 upd/s  loss 2.314  eval 2.402  scale 65536
+// lr 8.0e-04  skipped 2  ETA 1m20s" (upd/s and eval only when known)
 std::string ProgressLine(const ProgressView& view);
 
 // One line per record when the progress is not drawn live:
 // "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 tokens=4096
 // micro_step=96 interval=1.250s"; a skip or abort carries its reason after the outcome
 // ("window 13 skip OVERFLOW ..."); "tail" marks a short tail window, "dropped=4" an epoch
-// whose tail was dropped.
+// whose tail was dropped; " eval_loss=2.402" when the update was evaluated.
 std::string UpdateLine(const v1::UpdateRecord& record);
 
 // "epoch 1: 4 samples, positions 40-43, ids 40 41 42 43": the first 8 ids, then how many more
 // (`job logs` lists them all); no ids when the record lists none.
 std::string DroppedTailText(const v1::DroppedTail& dropped);
+// `job get`'s throughput line from Job.throughput: "3.1k tok/s, 2.1 updates/s (last 1m), ETA
+// 1m20s"; "samples/s" for sample-level data; "-" before the job ran.
+std::string ThroughputText(const v1::Job& job);
 
 // The largest number of optimizer updates the job can reach: stop.max_updates, else
 // windows_per_epoch × epochs once the dataset is known; 0 = not known.

@@ -26,6 +26,7 @@ constexpr char kPreClipColor[] = "#8c564b";
 constexpr char kPostClipColor[] = "#17becf";
 constexpr char kScaledColor[] = "#7f7f7f";
 constexpr char kIntervalColor[] = "#bcbd22";
+constexpr char kEvalColor[] = "#e377c2";
 constexpr char kSkipColor[] = "#ff7f0e";
 constexpr char kAbortColor[] = "#d62728";
 constexpr char kGridColor[] = "#e9ecef";
@@ -308,6 +309,7 @@ std::string RenderPlotSvg(const PlotInput& input) {
   Panel scaled{"gradient norm before unscale (log\u2082 axis; \u00f7 pre-clip = loss scale)",
                true,
                {{"scaled", kScaledColor, {}, false}}};
+  Series eval{"eval (held-out)", kEvalColor, {}, false};
   std::vector<Mark> marks;
   int64_t commits = 0, skips = 0, aborts = 0, dropped = 0, dropped_epochs = 0;
   for (const v1::UpdateRecord& r : input.records) {
@@ -319,6 +321,7 @@ std::string RenderPlotSvg(const PlotInput& input) {
     if (r.outcome() == "commit") {
       ++commits;
       loss.series[0].points.push_back({id, r.loss()});
+      if (r.has_eval_loss()) eval.points.push_back({id, r.eval_loss()});
       lr.series[0].points.push_back({id, r.learning_rate()});
       norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
       norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
@@ -338,6 +341,8 @@ std::string RenderPlotSvg(const PlotInput& input) {
     // A skip can change the scale (overflow backs it off); an abort changes nothing.
     if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
   }
+  // The held-out loss shares the training loss's panel (same units), only in jobs with spec.eval.
+  if (!eval.points.empty()) loss.series.push_back(std::move(eval));
   std::vector<Panel> panels = {loss, lr, scale, norm};
   // The probe's panel only for a job with a loss scaler.
   if (!scaled.series[0].points.empty()) panels.push_back(scaled);

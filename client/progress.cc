@@ -19,6 +19,7 @@ void ProgressTracker::OnJob(const v1::Job& job, absl::Time now) {
   tokens_ = std::max(tokens_, p.cumulative_tokens());
   updates_ = std::max(updates_, p.optimizer_update_id());
   windows_ = std::max(windows_, p.window_id());
+  if (p.has_last_eval_loss()) eval_loss_ = p.last_eval_loss();
   if (p.window_id() >= latest_window_) {
     latest_window_ = p.window_id();
     has_loss_ = p.optimizer_update_id() > 0;
@@ -32,6 +33,7 @@ void ProgressTracker::OnUpdate(const v1::UpdateRecord& r, absl::Time now) {
   tokens_ = std::max(tokens_, r.cumulative_tokens());
   updates_ = std::max(updates_, r.optimizer_update_id());
   windows_ = std::max(windows_, r.window_id());
+  if (r.has_eval_loss()) eval_loss_ = r.eval_loss();
   if (r.window_id() > latest_window_) {
     latest_window_ = r.window_id();
     // A skipped window's loss may be NaN or inf; the line keeps the last trained one.
@@ -60,7 +62,12 @@ ProgressView ProgressTracker::View(absl::Time now) const {
   }
   v.unit = IsTokenLevel(job_.spec()) ? "tok" : "samples";
   const double elapsed = absl::ToDoubleSeconds(now - start_);
-  if (has_job_ && elapsed > 0 && (elapsed >= 1 || tokens_ > base_tokens_)) {
+  const v1::Throughput& t = job_.throughput();
+  if (t.span_seconds() > 0) {
+    v.units_per_second = t.tokens_per_second();
+    v.updates_per_second = t.updates_per_second();
+    if (t.has_eta_seconds()) v.eta = absl::Seconds(t.eta_seconds());
+  } else if (has_job_ && elapsed > 0 && (elapsed >= 1 || tokens_ > base_tokens_)) {
     v.units_per_second = static_cast<double>(tokens_ - base_tokens_) / elapsed;
     const double done_rate = static_cast<double>(v.done - base_done) / elapsed;
     if (v.total > 0 && done_rate > 0) {
@@ -69,6 +76,7 @@ ProgressView ProgressTracker::View(absl::Time now) const {
     }
   }
   if (has_loss_) v.loss = loss_;
+  v.eval_loss = eval_loss_;
   v.loss_scale = loss_scale_;
   v.learning_rate = learning_rate_;
   v.skipped = p.windows_skipped();

@@ -1,11 +1,14 @@
 // ProgressTracker: turns the events of a WatchJob stream into what the live progress line
-// shows. Rates count only what happened while watching: the stream first replays the
-// job's history, which must not read as a burst of throughput. Time is passed in, so the
-// rates and the ETA are tested without sleeping. Not thread-safe (one stream, one reader).
+// shows. The rates and the ETA are the coordinator's (Job.throughput: the last minute of the
+// log, common/throughput.h) when its job events carry them; otherwise they count only what
+// happened while watching: the stream first replays the job's history, which must not read as
+// a burst of throughput. Time is passed in, so the rates and the ETA are tested without
+// sleeping. Not thread-safe (one stream, one reader).
 #ifndef TRAINSTEP_CLIENT_PROGRESS_H_
 #define TRAINSTEP_CLIENT_PROGRESS_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/time/time.h"
 #include "client/format.h"
@@ -40,6 +43,7 @@ class ProgressTracker {
   int64_t latest_window_ = -1;
   bool has_loss_ = false;
   double loss_ = 0;
+  std::optional<double> eval_loss_;
   double loss_scale_ = 0;
   double learning_rate_ = 0;
 };

@@ -566,64 +566,68 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
   return absl::OkStatus();
 }
 
-absl::Status ResolveTokens(const v1::JobSpec& in, v1::TokensData& tokens) {
+// `path` is "data" or "eval.data"; `model` bounds the samples' length (the user's model for
+// the training data, the resolved one for the held-out data).
+absl::Status ResolveTokens(const v1::Model& model, absl::string_view path, v1::TokensData& tokens) {
+  const std::string at = absl::StrCat(path, ".tokens");
   if (tokens.path().empty()) {
-    return Invalid(
-        "data.tokens.path is required: a flat file of little-endian token ids (nanoGPT's "
-        "train.bin), got \"\"");
+    return Invalid(absl::StrCat(at,
+                                ".path is required: a flat file of little-endian token ids "
+                                "(nanoGPT's train.bin), got \"\""));
   }
   if (tokens.dtype() == v1::TokensData::DTYPE_UNSPECIFIED) {
-    return Invalid(absl::StrCat(
-        "data.tokens.dtype is required: ", EnumChoices(v1::TokensData::Dtype_descriptor()),
-        " (the width of the ids in the file; no default, since ids read "
-        "with the wrong width are silently wrong)"));
+    return Invalid(
+        absl::StrCat(at, ".dtype is required: ", EnumChoices(v1::TokensData::Dtype_descriptor()),
+                     " (the width of the ids in the file; no default, since ids read "
+                     "with the wrong width are silently wrong)"));
   }
   RETURN_IF_ERROR(
-      KnownEnum("data.tokens.dtype", v1::TokensData::Dtype_descriptor(), tokens.dtype()));
-  const v1::TinyGpt& gpt = in.model().tiny_gpt();
-  const bool model_seq_len = in.model().has_tiny_gpt() && gpt.has_seq_len();
+      KnownEnum(absl::StrCat(at, ".dtype"), v1::TokensData::Dtype_descriptor(), tokens.dtype()));
+  const v1::TinyGpt& gpt = model.tiny_gpt();
+  const bool model_seq_len = model.has_tiny_gpt() && gpt.has_seq_len();
   if (!tokens.has_seq_len()) {
     // A model with a shorter context gets samples that fit it (a sample is seq_len + 1).
     tokens.set_seq_len(model_seq_len ? std::max(1, std::min(kDefaultTextSeqLen, gpt.seq_len() - 1))
                                      : kDefaultTextSeqLen);
   }
-  RETURN_IF_ERROR(IntInRange("data.tokens.seq_len", tokens.seq_len(), 1, 65535));
+  RETURN_IF_ERROR(IntInRange(absl::StrCat(at, ".seq_len"), tokens.seq_len(), 1, 65535));
   if (model_seq_len && tokens.seq_len() >= gpt.seq_len()) {
     return Invalid(absl::StrCat(
-        "data.tokens.seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens "
-        "and must fit the model's context), got ",
-        tokens.seq_len(), " and ", gpt.seq_len()));
+        at, ".seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens ",
+        "and must fit the model's context), got ", tokens.seq_len(), " and ", gpt.seq_len()));
   }
   return absl::OkStatus();
 }
 
-absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
-  v1::Data& data = *out.mutable_data();
+// One data source (`path` "data" or "eval.data"); `model` as above.
+absl::Status ResolveDataSource(const v1::Model& model, absl::string_view path, v1::Data& data) {
   switch (data.source_case()) {
     case v1::Data::SOURCE_NOT_SET:
-      return Invalid(absl::StrCat("data is required: one of ",
+      return Invalid(absl::StrCat(path, " is required: one of ",
                                   OneofNames(v1::Data::descriptor()->FindOneofByName("source"))));
     case v1::Data::kText: {
       v1::TextData& text = *data.mutable_text();
       if (text.paths().empty()) {
-        return Invalid("data.text.paths must list at least one file or directory, got []");
+        return Invalid(
+            absl::StrCat(path, ".text.paths must list at least one file or directory, got []"));
       }
       for (int i = 0; i < text.paths_size(); ++i) {
         if (text.paths(i).empty()) {
-          return Invalid(absl::StrCat("data.text.paths[", i, "] must not be empty, got \"\""));
+          return Invalid(absl::StrCat(path, ".text.paths[", i, "] must not be empty, got \"\""));
         }
       }
-      const v1::TinyGpt& gpt = in.model().tiny_gpt();
-      const bool model_seq_len = in.model().has_tiny_gpt() && gpt.has_seq_len();
+      const v1::TinyGpt& gpt = model.tiny_gpt();
+      const bool model_seq_len = model.has_tiny_gpt() && gpt.has_seq_len();
       if (!text.has_seq_len()) {
         // A model with a shorter context than the default sample gets samples that fit it.
         text.set_seq_len(model_seq_len ? std::min(kDefaultTextSeqLen, gpt.seq_len())
                                        : kDefaultTextSeqLen);
       }
-      RETURN_IF_ERROR(IntInRange("data.text.seq_len", text.seq_len(), 2, 65536));
+      RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".text.seq_len"), text.seq_len(), 2, 65536));
       if (model_seq_len && text.seq_len() > gpt.seq_len()) {
         return Invalid(absl::StrCat(
-            "data.text.seq_len must be ≤ model.tiny_gpt.seq_len (samples must fit the model's "
+            path,
+            ".text.seq_len must be ≤ model.tiny_gpt.seq_len (samples must fit the model's "
             "context), got ",
             text.seq_len(), " and ", gpt.seq_len()));
       }
@@ -631,27 +635,34 @@ absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
     }
     case v1::Data::kJsonl:
       if (data.jsonl().path().empty()) {
-        return Invalid(
-            "data.jsonl.path is required: a file with one {\"input_ids\": [...], \"labels\": "
-            "[...]} per line, got \"\"");
+        return Invalid(absl::StrCat(path,
+                                    ".jsonl.path is required: a file with one {\"input_ids\": "
+                                    "[...], \"labels\": [...]} per line, got \"\""));
       }
       break;
     case v1::Data::kSyntheticRegression: {
       v1::SyntheticRegression& r = *data.mutable_synthetic_regression();
       if (!r.has_samples()) r.set_samples(1024);
-      RETURN_IF_ERROR(IntInRange("data.synthetic_regression.samples", r.samples(), 1, 100000000));
+      RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".synthetic_regression.samples"), r.samples(),
+                                 1, 100000000));
       if (!r.has_in_features()) {
-        const bool mlp_in = in.model().has_mlp() && in.model().mlp().has_in_features();
-        r.set_in_features(mlp_in ? in.model().mlp().in_features() : kDefaultInFeatures);
+        const bool mlp_in = model.has_mlp() && model.mlp().has_in_features();
+        r.set_in_features(mlp_in ? model.mlp().in_features() : kDefaultInFeatures);
       }
-      RETURN_IF_ERROR(
-          IntInRange("data.synthetic_regression.in_features", r.in_features(), 1, 65536));
+      RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".synthetic_regression.in_features"),
+                                 r.in_features(), 1, 65536));
       break;
     }
     case v1::Data::kTokens:
-      RETURN_IF_ERROR(ResolveTokens(in, *data.mutable_tokens()));
+      RETURN_IF_ERROR(ResolveTokens(model, path, *data.mutable_tokens()));
       break;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
+  v1::Data& data = *out.mutable_data();
+  RETURN_IF_ERROR(ResolveDataSource(in.model(), "data", data));
   if (!data.has_shuffle()) data.set_shuffle(false);
   return absl::OkStatus();
 }
@@ -882,6 +893,38 @@ uint64_t Fnv1a64(absl::string_view bytes) {
   return h;
 }
 
+// After the model and the data: the held-out data must suit the resolved model as the
+// training data does, and be of the same level (token or sample), or the losses differ.
+absl::Status ResolveEval(v1::JobSpec& out) {
+  if (!out.has_eval()) return absl::OkStatus();
+  v1::Eval& eval = *out.mutable_eval();
+  v1::Data& data = *eval.mutable_data();
+  RETURN_IF_ERROR(ResolveDataSource(out.model(), "eval.data", data));
+  const bool token_level = data.has_text() || data.has_jsonl() || data.has_tokens();
+  if (token_level != IsTokenLevel(out)) {
+    return Invalid(absl::StrCat(
+        "eval.data must be ", IsTokenLevel(out) ? kTokenSources : "data.synthetic_regression",
+        " like data (", DataKind(out.data()), "), got ", absl::StrCat("eval.", DataKind(data))));
+  }
+  if (data.has_synthetic_regression() &&
+      data.synthetic_regression().in_features() != out.model().mlp().in_features()) {
+    return Invalid(absl::StrCat(
+        "eval.data.synthetic_regression.in_features must equal model.mlp.in_features, got ",
+        data.synthetic_regression().in_features(), " and ", out.model().mlp().in_features()));
+  }
+  if (data.has_shuffle() && data.shuffle()) {
+    return Invalid(
+        "eval.data.shuffle must be false (evaluation reads every sample once), got true");
+  }
+  data.set_shuffle(false);
+  if (!eval.has_every_updates()) eval.set_every_updates(100);
+  RETURN_IF_ERROR(IntInRange("eval.every_updates", eval.every_updates(), 1, int64_t{1} << 40));
+  if (eval.has_max_batches()) {
+    RETURN_IF_ERROR(IntInRange("eval.max_batches", eval.max_batches(), 1, int64_t{1} << 40));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view input) {
@@ -919,6 +962,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveCheckpoint(out));
   RETURN_IF_ERROR(ResolveWorkers(out));
   RETURN_IF_ERROR(ResolveDebug(out));
+  RETURN_IF_ERROR(ResolveEval(out));
   return out;
 }
 

@@ -26,11 +26,12 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 
 // Validates every field and returns a copy with every default filled in: every `optional`
 // field set (except clip.max_grad_norm, stop.max_updates, and stop.epochs when max_updates is
-// set: there "unset" means "no limit"), every enum not *_UNSPECIFIED, every oneof chosen,
-// every sub-message present. The first broken rule, in the order of the fields in
-// spec.proto, is returned as INVALID_ARGUMENT "<field.path> <rule>, got <value>", e.g.
-// "batch.accumulation_steps must be ≥ 1, got 0". Idempotent: resolving a resolved spec
-// returns it unchanged. Checks no files: paths are the worker's business.
+// set, eval.max_batches: there "unset" means "no limit"), every enum not *_UNSPECIFIED, every
+// oneof chosen, every sub-message present (but `eval`: absent means no evaluation). The first
+// broken rule, in the order of the fields in spec.proto, is returned as INVALID_ARGUMENT
+// "<field.path> <rule>, got <value>", e.g. "batch.accumulation_steps must be ≥ 1, got 0".
+// Idempotent: resolving a resolved spec returns it unchanged. Checks no files: paths are the
+// worker's business.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 
 // ParseJobSpecJson, then ResolveJobSpec.

@@ -139,6 +139,11 @@ absl::StatusOr<v1::CompleteWindowResponse> WorkerClient::CompleteWindow(
       &v1::WorkerService::Stub::CompleteWindow, req, options_.give_up_after);
 }
 
+absl::StatusOr<v1::ReportEvalResponse> WorkerClient::ReportEval(const v1::ReportEvalRequest& req) {
+  return CallWaiting<v1::ReportEvalRequest, v1::ReportEvalResponse>(
+      &v1::WorkerService::Stub::ReportEval, req, options_.give_up_after);
+}
+
 absl::Status WorkerClient::AckCheckpoint(const v1::AckCheckpointRequest& req) {
   return CallWaiting<v1::AckCheckpointRequest, v1::AckCheckpointResponse>(
              &v1::WorkerService::Stub::AckCheckpoint, req, options_.rpc_timeout * 6)

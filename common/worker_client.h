@@ -49,6 +49,7 @@ class WorkerClient {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
   absl::StatusOr<v1::BeginWindowResponse> BeginWindow(const v1::BeginWindowRequest& req);
   absl::StatusOr<v1::CompleteWindowResponse> CompleteWindow(const v1::CompleteWindowRequest& req);
+  absl::StatusOr<v1::ReportEvalResponse> ReportEval(const v1::ReportEvalRequest& req);
   absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req);
 

@@ -22,6 +22,13 @@ Answer<T> Ready(T value) {
   return a;
 }
 
+// A job as clients see it: with its throughput as of `now` (not part of the machine's state,
+// which must not change with time alone).
+void AddThroughput(const JobRegistry& registry, absl::Time now, v1::Job* job) {
+  absl::StatusOr<const StepMachine*> m = registry.Machine(job->job_id());
+  if (m.ok()) *job->mutable_throughput() = (*m)->Throughput(now);
+}
+
 absl::Status ShuttingDown() {
   return absl::UnavailableError("the coordinator is shutting down; retry against its successor");
 }
@@ -324,8 +331,9 @@ void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done)
 void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
   Run<v1::Job>(
       "",
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::Job>> {
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
         ASSIGN_OR_RETURN(v1::Job job, registry_.Get(req.job_id()));
+        AddThroughput(registry_, now, &job);
         return Ready(std::move(job));
       },
       std::move(done), nullptr);
@@ -334,9 +342,12 @@ void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
 void Coordinator::ListJobs(Done<v1::ListJobsResponse> done) {
   Run<v1::ListJobsResponse>(
       "",
-      [this](absl::Time) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
+      [this](absl::Time now) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
         v1::ListJobsResponse resp;
-        for (v1::Job& j : registry_.List()) *resp.add_jobs() = std::move(j);
+        for (v1::Job& j : registry_.List()) {
+          AddThroughput(registry_, now, &j);
+          *resp.add_jobs() = std::move(j);
+        }
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);
@@ -347,6 +358,7 @@ void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done)
       req.job_id(),
       [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
         ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req.job_id(), now));
+        AddThroughput(registry_, now, &job);
         return Ready(std::move(job));
       },
       std::move(done), nullptr);
@@ -382,7 +394,7 @@ void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
                            Done<WatchBatch> done, std::shared_ptr<CallHandle> handle) {
   Run<WatchBatch>(
       job_id,
-      [this, job_id, cursor](absl::Time) -> absl::StatusOr<Answer<WatchBatch>> {
+      [this, job_id, cursor](absl::Time now) -> absl::StatusOr<Answer<WatchBatch>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(job_id));
         WatchBatch b;
         b.cursor = cursor;
@@ -390,10 +402,11 @@ void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
         std::string serialized = job.SerializeAsString();
         if (serialized != cursor.last_job_state) {
           b.job = std::move(job);
+          AddThroughput(registry_, now, &*b.job);  // after the comparison: time alone is no news
           b.cursor.last_job_state = std::move(serialized);
         }
         const std::vector<v1::UpdateRecord>& updates = m->updates();
-        const size_t end = std::min(updates.size(), cursor.next_update + kWatchBatchLimit);
+        const size_t end = std::min(m->WatchableUpdates(), cursor.next_update + kWatchBatchLimit);
         for (size_t i = cursor.next_update; i < end; ++i) b.updates.push_back(updates[i]);
         b.cursor.next_update = std::max(cursor.next_update, end);
         b.end = m->terminal() && b.cursor.next_update >= updates.size();
@@ -482,6 +495,21 @@ void Coordinator::AckCheckpoint(const v1::AckCheckpointRequest& req,
         return Ready(v1::AckCheckpointResponse());
       },
       std::move(done), nullptr);
+}
+
+void Coordinator::ReportEval(const v1::ReportEvalRequest& req, Done<v1::ReportEvalResponse> done,
+                             std::shared_ptr<CallHandle> handle) {
+  Run<v1::ReportEvalResponse>(
+      req.job_id(),
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportEvalResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        absl::StatusOr<Answer<v1::ReportEvalResponse>> a = m->ReportEval(req, now);
+        if (options_.metrics != nullptr && !a.ok()) {
+          options_.metrics->OnRejected("ReportEval", absl::StatusCodeToString(a.status().code()));
+        }
+        return a;
+      },
+      std::move(done), std::move(handle));
 }
 
 void Coordinator::ReportFailure(const v1::ReportFailureRequest& req,

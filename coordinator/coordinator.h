@@ -101,6 +101,8 @@ class Coordinator {
   void CompleteWindow(const v1::CompleteWindowRequest& req, Done<v1::CompleteWindowResponse> done,
                       std::shared_ptr<CallHandle> handle);
   void AckCheckpoint(const v1::AckCheckpointRequest& req, Done<v1::AckCheckpointResponse> done);
+  void ReportEval(const v1::ReportEvalRequest& req, Done<v1::ReportEvalResponse> done,
+                  std::shared_ptr<CallHandle> handle);
   void ReportFailure(const v1::ReportFailureRequest& req, Done<v1::ReportFailureResponse> done);
 
   void StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done);

@@ -36,6 +36,20 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
       LogEvent(text, json);
       break;
     }
+    case v1::JournalRecord::kEvalEnded: {
+      const v1::EvalEnded& e = record.eval_ended();
+      std::string text =
+          absl::StrFormat("%s eval update=%d gen %d: eval_loss=%.5g tokens=%d", job.job_id(),
+                          e.optimizer_update_id(), e.generation(), e.eval_loss(), e.valid_units());
+      v1::EvalEnded fields = e;
+      fields.clear_job_id();  // named training_job, as on window lines
+      std::string json = RecordToJson(fields);
+      json.replace(0, std::string("{\"job_id\":\"\",").size(),
+                   absl::StrCat("{\"event\":\"eval_ended\",\"training_job\":",
+                                JsonQuote(job.job_id()), ","));
+      LogEvent(text, json);
+      break;
+    }
     case v1::JournalRecord::kJobSubmitted:
       LogInfo(absl::StrCat("job ", job.job_id(), " (", job.name(), ") submitted"));
       break;

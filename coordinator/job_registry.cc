@@ -45,6 +45,8 @@ std::string JobIdOf(const v1::JournalRecord& record) {
       return record.window_ended().job_id();
     case v1::JournalRecord::kCheckpointDurable:
       return record.checkpoint_durable().job_id();
+    case v1::JournalRecord::kEvalEnded:
+      return record.eval_ended().job_id();
     case v1::JournalRecord::KIND_NOT_SET:
       break;
   }

@@ -54,10 +54,14 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
         FinishLocked(ToGrpcStatus(batch.status()));
         return;
       }
-      if (batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
+      // The job comes first in the stream's first batch (what is being watched), then after
+      // the records it already reflects (a job that ended after its last record says so last).
+      const bool first = cursor_.last_job_state.empty();
+      if (first && batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
       for (v1::UpdateRecord& r : batch->updates) {
         if (r.window_id() >= from_window_) *queue_.emplace_back().mutable_update() = std::move(r);
       }
+      if (!first && batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
       cursor_ = batch->cursor;
       end_ = batch->end;
       fetch = WriteNextLocked();

@@ -91,6 +91,10 @@ PrometheusMetrics::PrometheusMetrics()
                 .Name("trainstep_loss")
                 .Help("Token-weighted loss of the last committed window")
                 .Register(*registry_)),
+      eval_loss_(BuildGauge()
+                     .Name("trainstep_eval_loss")
+                     .Help("Held-out loss (spec.eval) of the latest evaluated update")
+                     .Register(*registry_)),
       grad_norm_(BuildGauge()
                      .Name("trainstep_grad_norm")
                      .Help("Global L2 gradient norm of the last committed window (stage scaled: "
@@ -164,6 +168,7 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   generation_.Add(l).Set(static_cast<double>(p.generation()));
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
   micro_step_id_.Add(l).Set(static_cast<double>(p.micro_step_id()));
+  if (p.has_last_eval_loss()) SetFinite(eval_loss_.Add(l), p.last_eval_loss());
 }
 
 void PrometheusMetrics::InitJobCounters(const std::string& job_id) {

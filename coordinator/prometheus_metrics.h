@@ -61,6 +61,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& learning_rate_;
   prometheus::Family<prometheus::Gauge>& update_tokens_;
   prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& world_size_;

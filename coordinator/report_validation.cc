@@ -82,6 +82,17 @@ absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateReportEval(const v1::ReportEvalRequest& req) {
+  constexpr absl::string_view kRequest = "ReportEvalRequest";
+  if (absl::Status s = AtLeast(kRequest, "generation", req.generation(), 1); !s.ok()) return s;
+  if (absl::Status s = AtLeast(kRequest, "rank", req.rank(), 0); !s.ok()) return s;
+  if (absl::Status s = AtLeast(kRequest, "optimizer_update_id", req.optimizer_update_id(), 1);
+      !s.ok()) {
+    return s;
+  }
+  return InRange(kRequest, "valid_units", req.valid_units(), 0, kMaxUnits);
+}
+
 absl::Status ValidateAckCheckpoint(const v1::AckCheckpointRequest& req) {
   constexpr absl::string_view kRequest = "AckCheckpointRequest";
   if (absl::Status s = AtLeast(kRequest, "checkpoint_id", req.checkpoint_id(), 0); !s.ok()) {

@@ -24,6 +24,8 @@ absl::Status ValidateBeginWindow(const v1::BeginWindowRequest& req);
 // NaN or +inf (an overflow window, found_inf, or a norm that overflowed fp32), never negative.
 absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req);
 absl::Status ValidateAckCheckpoint(const v1::AckCheckpointRequest& req);
+// loss_sum may be non-finite (weights that overflow on the held-out data): it is recorded so.
+absl::Status ValidateReportEval(const v1::ReportEvalRequest& req);
 
 // a + b, clamped to [INT64_MIN, INT64_MAX] instead of wrapping.
 int64_t SaturatingAdd(int64_t a, int64_t b);

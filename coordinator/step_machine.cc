@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "common/throughput.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/report_validation.h"
 
@@ -87,7 +88,18 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   std::unique_ptr<StepMachine> m(new StepMachine(options, snap.job()));
   m->scaler_ = LossScaler(m->scaler_config_, snap.scaler());
   m->updates_.assign(snap.updates().begin(), snap.updates().end());
-  for (const v1::UpdateRecord& r : m->updates_) m->counts_.Add(r);
+  for (const v1::UpdateRecord& r : m->updates_) {
+    m->counts_.Add(r);
+    if (r.has_eval_loss()) {
+      v1::EvalEnded& e = m->last_eval_.emplace();
+      e.set_job_id(snap.job().job_id());
+      e.set_generation(r.generation());
+      e.set_optimizer_update_id(r.optimizer_update_id());
+      e.set_eval_loss(r.eval_loss());
+      e.set_valid_units(r.eval_valid_tokens());
+    }
+  }
+  if (snap.has_eval_due_update_id()) m->eval_due_ = snap.eval_due_update_id();
   m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
                          now + options.worker_lease);
   if (snap.has_dataset()) {
@@ -172,6 +184,9 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
     case v1::JournalRecord::kWindowEnded:
       ApplyWindowEnded(record.window_ended());
       break;
+    case v1::JournalRecord::kEvalEnded:
+      ApplyEvalEnded(record.eval_ended());
+      break;
     case v1::JournalRecord::kCheckpointDurable: {
       auto it = checkpoints_.find(record.checkpoint_durable().checkpoint_id());
       if (it != checkpoints_.end()) {
@@ -198,7 +213,10 @@ void StepMachine::ApplyGenerationFormed(const v1::GenerationFormed& formed, int6
     scaler_ = LossScaler(scaler_config_, to.scaler());
     // Checkpoints requested after the rollback point can never be written: their state is gone.
     checkpoints_.erase(checkpoints_.upper_bound(to.checkpoint_id()), checkpoints_.end());
+    // So can evaluations of updates past it; the update is evaluated when it commits again.
+    if (eval_due_.has_value() && *eval_due_ > to.optimizer_update_id()) eval_due_.reset();
   }
+  eval_attempt_.reset();  // reports of the old generation count for nothing
   membership_.FormGeneration(formed);
   attempts_.clear();
   if (job_.state() == v1::PENDING) {
@@ -240,12 +258,31 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
       break;
   }
   scaler_ = LossScaler(scaler_config_, ended.scaler_after());
+  if (d.run_eval()) {
+    eval_due_ = d.optimizer_update_id();
+    eval_attempt_.reset();
+  }
   if (ended.has_checkpoint_assigned()) {
     const v1::CheckpointRecord& c = ended.checkpoint_assigned();
     checkpoints_[c.checkpoint_id()] = c;
     checkpoint_id_ = c.checkpoint_id();
     next_checkpoint_id_ = std::max(next_checkpoint_id_, c.checkpoint_id() + 1);
   }
+}
+
+void StepMachine::ApplyEvalEnded(const v1::EvalEnded& ended) {
+  // The evaluation belongs to the newest commit of that update (an earlier one may have been
+  // rolled back and committed again).
+  for (auto it = updates_.rbegin(); it != updates_.rend(); ++it) {
+    if (it->outcome() == "commit" && it->optimizer_update_id() == ended.optimizer_update_id()) {
+      it->set_eval_loss(ended.eval_loss());
+      it->set_eval_valid_tokens(ended.valid_units());
+      break;
+    }
+  }
+  last_eval_ = ended;
+  if (eval_due_ == ended.optimizer_update_id()) eval_due_.reset();
+  eval_attempt_.reset();
 }
 
 v1::JobSnapshot StepMachine::Snapshot() const {
@@ -259,6 +296,7 @@ v1::JobSnapshot StepMachine::Snapshot() const {
   for (const auto& [id, c] : checkpoints_) *s.add_checkpoints() = c;
   for (const v1::WindowDecision& d : recent_decisions_) *s.add_recent_decisions() = d;
   s.set_next_checkpoint_id(next_checkpoint_id_);
+  if (eval_due_.has_value()) s.set_eval_due_update_id(*eval_due_);
   return s;
 }
 
@@ -323,7 +361,22 @@ v1::Job StepMachine::Job() const {
   if (job_.spec().stop().has_max_updates()) p->set_max_updates(job_.spec().stop().max_updates());
   p->set_windows_per_epoch(windows_per_epoch_);
   if (dataset_.has_value()) p->set_dataset_samples(dataset_->samples());
+  if (last_eval_.has_value()) {
+    p->set_last_eval_loss(last_eval_->eval_loss());
+    p->set_last_eval_update_id(last_eval_->optimizer_update_id());
+  }
   return job;
+}
+
+size_t StepMachine::WatchableUpdates() const {
+  if (!eval_due_.has_value() || terminal() || updates_.empty()) return updates_.size();
+  const v1::UpdateRecord& last = updates_.back();
+  const bool waiting = last.outcome() == "commit" && last.optimizer_update_id() == *eval_due_;
+  return updates_.size() - (waiting ? 1 : 0);
+}
+
+v1::Throughput StepMachine::Throughput(absl::Time now) const {
+  return ComputeThroughput(updates_, Job(), now);
 }
 
 std::vector<v1::WorkerInfo> StepMachine::Workers() const {
@@ -456,7 +509,8 @@ absl::Status StepMachine::RecordUnits(Attempt* attempt, int32_t rank, int64_t un
 }
 
 bool StepMachine::BarrierReady(const Attempt& attempt) const {
-  return attempt.window_id == last_window_ + 1 &&
+  // No window starts before the weights it would change are evaluated.
+  return attempt.window_id == last_window_ + 1 && !eval_due_.has_value() &&
          attempt.units_reported == static_cast<int32_t>(attempt.units.size());
 }
 
@@ -698,6 +752,68 @@ absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, abs
   return absl::OkStatus();
 }
 
+absl::StatusOr<Answer<v1::ReportEvalResponse>> StepMachine::ReportEval(
+    const v1::ReportEvalRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(ValidateReportEval(req));
+  Answer<v1::ReportEvalResponse> answer;
+  if (last_eval_.has_value() && last_eval_->optimizer_update_id() == req.optimizer_update_id() &&
+      eval_due_ != req.optimizer_update_id()) {
+    answer.ready = true;  // recorded: a repeat, or a rank that learns the result late
+    answer.response.set_eval_loss(last_eval_->eval_loss());
+    answer.response.set_valid_units(last_eval_->valid_units());
+    return answer;
+  }
+  RETURN_IF_ERROR(CheckRunnable());
+  RETURN_IF_ERROR(CheckMember(req.worker_id(), req.generation(), req.rank()));
+  if (eval_due_ != req.optimizer_update_id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no evaluation of update ", req.optimizer_update_id(), " is due",
+        eval_due_.has_value() ? absl::StrCat(" (update ", *eval_due_, "'s is)") : std::string(),
+        ": a rank evaluates only when a decision (run_eval) or its assignment asks"));
+  }
+  if (!eval_attempt_.has_value() || eval_attempt_->generation != req.generation()) {
+    eval_attempt_.emplace();
+    eval_attempt_->generation = req.generation();
+    eval_attempt_->reports.resize(membership_.world_size());
+  }
+  std::optional<v1::ReportEvalRequest>& slot = eval_attempt_->reports[req.rank()];
+  if (slot.has_value()) {
+    if (slot->SerializeAsString() != req.SerializeAsString()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank(),
+                                                     " sent two different evaluations of update ",
+                                                     req.optimizer_update_id()));
+    }
+  } else {
+    slot = req;
+    ++eval_attempt_->reported;  // a partial count wakes nobody; the record wakes everyone
+  }
+  if (eval_attempt_->reported != static_cast<int32_t>(eval_attempt_->reports.size())) {
+    return answer;
+  }
+  // Token-weighted over every rank's share: Σ loss_sum_r / Σ n_r, never a mean of means.
+  double loss_sum = 0.0;
+  int64_t units = 0;
+  for (const std::optional<v1::ReportEvalRequest>& r : eval_attempt_->reports) {
+    loss_sum += r->loss_sum();
+    units += r->valid_units();
+  }
+  v1::JournalRecord record;
+  v1::EvalEnded* e = record.mutable_eval_ended();
+  e->set_job_id(job_id());
+  e->set_generation(req.generation());
+  e->set_optimizer_update_id(req.optimizer_update_id());
+  e->set_eval_loss(units > 0 ? loss_sum / static_cast<double>(units)
+                             : std::numeric_limits<double>::quiet_NaN());
+  e->set_valid_units(units);
+  answer.ready = true;
+  answer.response.set_eval_loss(e->eval_loss());
+  answer.response.set_valid_units(units);
+  Emit(std::move(record), now);
+  MaybeFinish(now);
+  MaybeEndEmptyWindow(now);
+  return answer;
+}
+
 absl::Status StepMachine::ReportFailure(const v1::ReportFailureRequest& req, absl::Time now) {
   const WorkerEntry* w = membership_.Find(req.worker_id());
   if (w == nullptr) {
@@ -895,6 +1011,13 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
     // The last committed update is always checkpointed when the job ends.
     const bool final_needed =
         done && checkpoints_.rbegin()->second.optimizer_update_id() != update_after;
+    // Every eval.every_updates-th update, and the last one (once) when the job ends.
+    const int64_t eval_every = job_.spec().eval().every_updates();  // 0 without eval
+    const bool periodic_eval =
+        d.outcome() == v1::COMMIT && eval_every > 0 && update_after % eval_every == 0;
+    const bool final_eval =
+        done && (!last_eval_.has_value() || last_eval_->optimizer_update_id() != update_after);
+    d.set_run_eval(EvalEnabled() && update_after > 0 && (periodic_eval || final_eval));
     if (CheckpointingEnabled() && (periodic || final_needed)) {
       v1::CheckpointRecord* c = ended->mutable_checkpoint_assigned();
       c->set_checkpoint_id(next_checkpoint_id_);
@@ -958,6 +1081,7 @@ void StepMachine::FailJob(const std::string& message, absl::Time now) {
 
 void StepMachine::MaybeFinish(absl::Time now) {
   if (terminal() || !StopReachedAfter(last_window_, update_id_)) return;
+  if (eval_due_.has_value()) return;                         // wait for the final evaluation
   if (PendingCheckpointFor(update_id_).has_value()) return;  // wait for the final checkpoint
   v1::JournalRecord record;
   v1::JobEnded* e = record.mutable_job_ended();
@@ -1020,6 +1144,13 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   // A checkpoint of this state that was requested but never acknowledged is written again.
   if (std::optional<int64_t> pending = PendingCheckpointFor(update_id)) {
     a->set_pending_checkpoint_id(*pending);
+  }
+  // An evaluation a lost rank interrupted is run again on the same weights (a rollback past
+  // it clears it in Apply: that update is evaluated when it commits again).
+  if (eval_due_.has_value() && *eval_due_ == update_id) a->set_pending_eval_update_id(update_id);
+  if (last_eval_.has_value() && last_eval_->optimizer_update_id() <= update_id) {
+    a->set_last_eval_loss(last_eval_->eval_loss());
+    a->set_last_eval_update_id(last_eval_->optimizer_update_id());
   }
   Emit(std::move(record), now);
 }

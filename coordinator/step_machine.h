@@ -78,12 +78,22 @@ class StepMachine {
   absl::StatusOr<Answer<v1::CompleteWindowResponse>> CompleteWindow(
       const v1::CompleteWindowRequest& req, absl::Time now);
   absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now);
+  // The eval barrier: ready once every rank of the generation reported its held-out loss for
+  // the update a decision asked to evaluate; the EvalEnded record is journaled first. A repeat
+  // after that returns the recorded result.
+  absl::StatusOr<Answer<v1::ReportEvalResponse>> ReportEval(const v1::ReportEvalRequest& req,
+                                                            absl::Time now);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req, absl::Time now);
 
   // --- Client calls ---
   absl::Status Cancel(absl::Time now);
   v1::Job Job() const;  // with progress filled in
   const std::vector<v1::UpdateRecord>& updates() const { return updates_; }
+  // How many records a WatchJob stream may send: all but a commit whose evaluation is still
+  // running, so that watchers get that record with its eval_loss.
+  size_t WatchableUpdates() const;
+  // Rates over the last minute of the log and the ETA (common/throughput.h).
+  v1::Throughput Throughput(absl::Time now) const;
   std::vector<v1::WorkerInfo> Workers() const;
 
   // --- Time ---
@@ -164,6 +174,8 @@ class StepMachine {
   std::optional<int64_t> PendingCheckpointFor(int64_t update_id) const;
 
   void ApplyWindowEnded(const v1::WindowEnded& ended);
+  void ApplyEvalEnded(const v1::EvalEnded& ended);
+  bool EvalEnabled() const { return job_.spec().has_eval(); }
   void ApplyGenerationFormed(const v1::GenerationFormed& formed, int64_t time_ms);
 
   MachineOptions options_;
@@ -199,6 +211,17 @@ class StepMachine {
     void Add(const v1::UpdateRecord& r);
   } counts_;
   std::vector<v1::WindowDecision> recent_decisions_;  // oldest first
+
+  // Held-out evaluation. Set iff a decision asked to evaluate this update and its EvalEnded
+  // is not journaled yet: the next window's begin barrier and the job's end wait for it.
+  std::optional<int64_t> eval_due_;
+  std::optional<v1::EvalEnded> last_eval_;  // the latest recorded evaluation
+  struct EvalAttempt {  // reports of the current generation for eval_due_ (not journaled)
+    int64_t generation = 0;
+    std::vector<std::optional<v1::ReportEvalRequest>> reports;  // by rank
+    int32_t reported = 0;
+  };
+  std::optional<EvalAttempt> eval_attempt_;
 
   std::map<int64_t, Attempt> attempts_;  // windows of the current generation in flight
   // Ephemeral, set by Recovered: the window (and its generation) in flight at recovery, whose

@@ -25,6 +25,9 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* AckCheckpoint(grpc::CallbackServerContext*,
                                           const v1::AckCheckpointRequest* req,
                                           v1::AckCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportEval(grpc::CallbackServerContext*,
+                                       const v1::ReportEvalRequest* req,
+                                       v1::ReportEvalResponse* resp) override;
   grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext*,
                                           const v1::ReportFailureRequest* req,
                                           v1::ReportFailureResponse* resp) override;

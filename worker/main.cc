@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, collective_timeout_ms, 120000,
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
 ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
           "TEST ONLY: perturb this worker's gradient in that window so replicas desync");
+ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
+          "TEST ONLY: exit (code 3) during the evaluation of that update, after computing the "
+          "held-out loss and before reporting it: a rank lost during an evaluation");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,
@@ -123,6 +126,7 @@ int Main(int argc, char** argv) {
   }
   options.name = absl::GetFlag(FLAGS_name);
   options.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
+  options.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
   options.collective.host = absl::GetFlag(FLAGS_collective_host);
   if (options.collective.host.empty()) {

@@ -45,32 +45,35 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const v1::JobSpec& reso
   return r;
 }
 
+at::Tensor Replica::ForwardLossSum(const MicroBatchTensors& t) {
+  at::Tensor output;
+  {
+    AutocastScope autocast(spec_.precision(), device_);
+    output = model_->Forward(t.input);
+  }
+  if (token_level_ && (output.dim() != 3 || output.size(0) != t.input.size(0) ||
+                       output.size(1) != t.input.size(1))) {
+    throw std::runtime_error(absl::StrCat(
+        "the model returned shape ", c10::str(output.sizes()), " for input ",
+        c10::str(t.input.sizes()), "; forward(input_ids [B, T]) must return logits [B, T, V]"));
+  }
+  // The data's ids were checked against the spec's vocabulary: the model must have as many.
+  if (token_level_ && output.size(2) != ModelVocabSize(spec_)) {
+    throw std::runtime_error(absl::StrCat("the model returned logits over ", output.size(2),
+                                          " token ids, but the spec's ", ModelVocabSizeField(spec_),
+                                          " is ", ModelVocabSize(spec_),
+                                          ": set it to the model's vocabulary"));
+  }
+  return LossSum(output, t, token_level_);
+}
+
 absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double multiplier,
                                           MicroStepTimes* times) {
   double loss_sum = 0.0;
   const absl::Time start = absl::Now();
   absl::Time backward_start;
   RETURN_IF_ERROR(Catching("forward/backward", [&] {
-    MicroBatchTensors t = ToTensors(mb, token_level_, device_);
-    at::Tensor output;
-    {
-      AutocastScope autocast(spec_.precision(), device_);
-      output = model_->Forward(t.input);
-    }
-    if (token_level_ && (output.dim() != 3 || output.size(0) != t.input.size(0) ||
-                         output.size(1) != t.input.size(1))) {
-      throw std::runtime_error(absl::StrCat(
-          "the model returned shape ", c10::str(output.sizes()), " for input ",
-          c10::str(t.input.sizes()), "; forward(input_ids [B, T]) must return logits [B, T, V]"));
-    }
-    // The data's ids were checked against the spec's vocabulary: the model must have as many.
-    if (token_level_ && output.size(2) != ModelVocabSize(spec_)) {
-      throw std::runtime_error(
-          absl::StrCat("the model returned logits over ", output.size(2),
-                       " token ids, but the spec's ", ModelVocabSizeField(spec_), " is ",
-                       ModelVocabSize(spec_), ": set it to the model's vocabulary"));
-    }
-    at::Tensor loss = LossSum(output, t, token_level_);
+    at::Tensor loss = ForwardLossSum(ToTensors(mb, token_level_, device_));
     loss_sum = loss.item<double>();
     backward_start = absl::Now();
     torch::autograd::backward({loss * multiplier});
@@ -79,6 +82,20 @@ absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double mul
     times->forward_seconds = absl::ToDoubleSeconds(backward_start - start);
     times->backward_seconds = absl::ToDoubleSeconds(absl::Now() - backward_start);
   }
+  return loss_sum;
+}
+
+absl::StatusOr<double> Replica::EvalLossSum(const data::MicroBatch& mb) {
+  double loss_sum = 0.0;
+  RETURN_IF_ERROR(Catching("evaluation", [&] {
+    torch::NoGradGuard no_grad;
+    model_->SetTraining(false);  // dropout and the like off, as every evaluation loop does
+    struct Restore {
+      Model* m;
+      ~Restore() { m->SetTraining(true); }
+    } restore{model_.get()};
+    loss_sum = ForwardLossSum(ToTensors(mb, token_level_, device_)).item<double>();
+  }));
   return loss_sum;
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "trainstep/v1/spec.pb.h"
 #include "worker/data/collate.h"
+#include "worker/loss.h"
 #include "worker/models/model.h"
 #include "worker/optim.h"
 
@@ -43,6 +44,10 @@ class Replica {
   // backward(multiplier · LossSum). Gradients accumulate. Returns the unscaled LossSum.
   absl::StatusOr<double> MicroStep(const data::MicroBatch& mb, double multiplier,
                                    MicroStepTimes* times = nullptr);
+
+  // Held-out evaluation of one micro-batch: forward under the training precision's autocast,
+  // no gradient, the model in eval mode; returns LossSum (the sum over its valid units).
+  absl::StatusOr<double> EvalLossSum(const data::MicroBatch& mb);
 
   // The trainable gradients in bucket order (defined after ZeroGrad).
   std::vector<at::Tensor> Gradients();
@@ -76,6 +81,8 @@ class Replica {
 
  private:
   Replica() = default;
+  // Forward (autocast) and LossSum, with the model's output checked. Throws (LibTorch).
+  at::Tensor ForwardLossSum(const MicroBatchTensors& t);
 
   v1::JobSpec spec_;
   at::Device device_ = at::kCPU;

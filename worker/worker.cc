@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/env.h"
@@ -145,6 +146,21 @@ absl::Status Worker::Setup() {
     return d.status();
   }
   dataset_ = std::move(*d);
+  if (spec_.has_eval()) {
+    // The held-out data loads as the training data does, with its own field path in errors.
+    v1::JobSpec eval_spec = spec_;
+    *eval_spec.mutable_data() = spec_.eval().data();
+    absl::StatusOr<data::Dataset> e = data::Dataset::Load(eval_spec);
+    if (!e.ok()) {
+      const absl::string_view m = e.status().message();
+      const absl::Status s(e.status().code(), absl::StartsWith(m, "data.")
+                                                  ? absl::StrCat("eval.", m)
+                                                  : absl::StrCat("eval.data: ", m));
+      Fail(s);
+      return s;
+    }
+    eval_dataset_ = std::move(*e);
+  }
   planner_ = std::make_unique<data::WindowPlanner>(spec_, dataset_->size());
   {
     // The heartbeat thread reports the dataset from here on.
@@ -308,6 +324,10 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
   meta.spec_hash = JobSpecHash(spec_);
   meta.next_window_id = window_id + 1;
   meta.written_unix_ms = absl::ToUnixMillis(absl::Now());
+  if (last_eval_.has_value() && last_eval_->first <= update_id) {
+    meta.eval_update_id = last_eval_->first;
+    meta.eval_loss = last_eval_->second;
+  }
   // Copied off the device now, written and acknowledged in the background (checkpoint_writer.h).
   return checkpoints_->Submit(meta, replica_->ModelTensors(), replica_->OptimizerTensors());
 }
@@ -417,7 +437,58 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   return d;
 }
 
+absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
+  const absl::Time start = absl::Now();
+  const std::vector<std::vector<int64_t>> micro_batches =
+      data::EvalMicroBatches(eval_dataset_->size(), spec_.batch().micro_batch_size(),
+                             spec_.eval().max_batches(), a.rank(), a.world_size());
+  double loss_sum = 0.0;
+  int64_t units = 0;
+  for (const std::vector<int64_t>& mb : micro_batches) {
+    data::MicroBatch batch = data::Collate(*eval_dataset_, mb);
+    ASSIGN_OR_RETURN(double l, replica_->EvalLossSum(batch));
+    loss_sum += l;
+    units += replica_->token_level() ? batch.valid_tokens : batch.samples;
+  }
+  if (options_.exit_in_eval_update == update_id) {
+    LogWarning(
+        absl::StrCat("--debug-exit-in-eval: exiting in the evaluation of update ", update_id));
+    _exit(3);
+  }
+  v1::ReportEvalRequest req;
+  req.set_job_id(job_id_);
+  req.set_worker_id(member_id_);
+  req.set_generation(a.generation());
+  req.set_rank(a.rank());
+  req.set_optimizer_update_id(update_id);
+  req.set_loss_sum(loss_sum);
+  req.set_valid_units(units);
+  ASSIGN_OR_RETURN(v1::ReportEvalResponse r, client_->ReportEval(req));
+  last_eval_.emplace(update_id, r.eval_loss());
+  LogInfo(absl::StrCat("eval after update ", update_id, ": loss ", r.eval_loss(), " over ",
+                       r.valid_units(), replica_->token_level() ? " tokens" : " samples", " (",
+                       units, " here, ", absl::FormatDuration(absl::Now() - start), ")"));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment& a) {
+  // The coordinator's word on the latest evaluation (a rollback may have erased ours).
+  if (a.has_last_eval_loss()) {
+    last_eval_.emplace(a.last_eval_update_id(), a.last_eval_loss());
+  } else {
+    last_eval_.reset();
+  }
+  // An evaluation a lost rank interrupted comes first: the replicas hold that update's weights,
+  // and a pending final checkpoint should carry its result.
+  if (a.has_pending_eval_update_id()) {
+    if (absl::Status s = RunEval(a, a.pending_eval_update_id()); !s.ok()) {
+      if (IsRejoinable(s) || s.code() == absl::StatusCode::kNotFound) {
+        LogWarning(absl::StrCat("eval: ", s.message(), "; rejoining"));
+        return GenerationEnd::kRejoin;
+      }
+      return s;
+    }
+  }
   if (a.rank() == 0 && a.has_pending_checkpoint_id()) {
     RETURN_IF_ERROR(WriteCheckpoint(a.pending_checkpoint_id(), a.optimizer_update_id(),
                                     a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
@@ -439,6 +510,18 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
       return GenerationEnd::kRejoin;
     }
     applied_update_ = d->optimizer_update_id();
+    if (d->run_eval()) {
+      // Like a window: a rank lost during the evaluation aborts it for everyone (the barrier
+      // answers ABORTED) and the next generation evaluates the same weights again.
+      if (absl::Status s = RunEval(a, d->optimizer_update_id()); !s.ok()) {
+        if (IsRejoinable(s) || s.code() == absl::StatusCode::kNotFound) {
+          LogWarning(absl::StrCat("eval after update ", d->optimizer_update_id(), ": ", s.message(),
+                                  "; rejoining"));
+          return GenerationEnd::kRejoin;
+        }
+        return s;
+      }
+    }
     if (d->write_checkpoint() && a.rank() == 0) {
       RETURN_IF_ERROR(WriteCheckpoint(d->checkpoint_id(), d->optimizer_update_id(), window,
                                       d->scheduler_step(), d->record().loss_scale()));

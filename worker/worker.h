@@ -38,6 +38,8 @@ struct WorkerOptions {
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
   // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
   int64_t perturb_grad_window = 0;
+  // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.
+  int64_t exit_in_eval_update = 0;
 };
 
 // How the process should exit.
@@ -67,6 +69,9 @@ class Worker {
   absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);
   // One window; returns the decision (ABORT when the generation broke under it).
   absl::StatusOr<v1::WindowDecision> RunWindow(const v1::Assignment& a, int64_t window_id);
+  // Held-out evaluation of the replica (at `update_id`) on this rank's share of spec.eval.data,
+  // reported to the eval barrier; ABORTED when the generation broke meanwhile.
+  absl::Status RunEval(const v1::Assignment& a, int64_t update_id);
   absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                int64_t scheduler_step, double loss_scale);
   absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
@@ -90,6 +95,9 @@ class Worker {
   v1::JobSpec spec_;
   absl::Duration heartbeat_every_ = absl::Seconds(1);
   std::optional<data::Dataset> dataset_;
+  std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
+  // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.
+  std::optional<std::pair<int64_t, double>> last_eval_;
   std::unique_ptr<data::WindowPlanner> planner_;
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Collective> collective_;

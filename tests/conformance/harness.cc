@@ -140,6 +140,7 @@ std::string JobConfig::Json() const {
     parts.push_back(absl::StrCat(R"("debug":{"nonfinite_grad_windows":[)",
                                  absl::StrJoin(nonfinite_windows, ","), "]}"));
   }
+  if (!eval.empty()) parts.push_back(absl::StrCat(R"("eval":)", eval));
   return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
 }
 

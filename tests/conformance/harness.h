@@ -66,6 +66,7 @@ struct JobConfig {
   int64_t checkpoint_every = 1000;
   int keep_last = 0;
   std::vector<int64_t> nonfinite_windows;
+  std::string eval;  // "" = none; else JSON of trainstep.v1.Eval
 
   std::string Json() const;
 };

@@ -190,6 +190,61 @@ absl::StatusOr<Params> FromCheckpoint(const std::string& dir, int64_t id, int64_
   return p;
 }
 
+absl::StatusOr<ReferenceEval> EvalOrThrow(const std::string& spec_json, const Params& params) {
+  absl::StatusOr<v1::JobSpec> parsed = ParseAndResolveJobSpec(spec_json);
+  if (!parsed.ok()) return parsed.status();
+  v1::JobSpec spec = *parsed;
+  if (!spec.has_eval()) return absl::InvalidArgumentError("the spec has no eval");
+  absl::StatusOr<std::unique_ptr<Model>> built = BuildModel(spec);
+  if (!built.ok()) return built.status();
+  Model& model = **built;
+  model.SetTraining(false);
+  torch::NoGradGuard no_grad;
+  NamedTensors all = model.NamedParameters();
+  for (auto& b : model.NamedBuffers()) all.push_back(b);
+  for (auto& [name, t] : all) {
+    auto it = params.values.find(name);
+    if (it == params.values.end()) return absl::NotFoundError(absl::StrCat("no tensor ", name));
+    at::Tensor src = torch::from_blob(const_cast<float*>(it->second.data()), params.shapes.at(name),
+                                      torch::kFloat);
+    t.copy_(src);
+  }
+  *spec.mutable_data() = spec.eval().data();
+  absl::StatusOr<data::Dataset> held_out = data::Dataset::Load(spec);
+  if (!held_out.ok()) return held_out.status();
+  if (!held_out->token_level()) return absl::InvalidArgumentError("token-level data only");
+  const int64_t mb = spec.batch().micro_batch_size();
+  int64_t n = held_out->size();
+  if (spec.eval().has_max_batches()) n = std::min(n, spec.eval().max_batches() * mb);
+  ReferenceEval out;
+  double sum = 0.0, micro_sum = 0.0, means = 0.0;
+  int64_t micro_tokens = 0, micro_batches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const data::Sample s = held_out->at(i);
+    const int64_t len = static_cast<int64_t>(s.input_ids.size());
+    at::Tensor ids = torch::tensor(s.input_ids, torch::kLong).view({1, len});
+    at::Tensor labels = torch::tensor(s.labels, torch::kLong);
+    at::Tensor logits = model.Forward(ids)[0];
+    at::Tensor l = torch::nn::functional::cross_entropy(
+        logits.slice(0, 0, len - 1), labels.slice(0, 1, len),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    const int64_t tokens = labels.slice(0, 1, len).ne(-100).sum().item<int64_t>();
+    sum += l.item<double>();
+    out.tokens += tokens;
+    micro_sum += l.item<double>();
+    micro_tokens += tokens;
+    if ((i + 1) % mb == 0 || i + 1 == n) {
+      if (micro_tokens > 0) means += micro_sum / static_cast<double>(micro_tokens);
+      ++micro_batches;
+      micro_sum = 0.0;
+      micro_tokens = 0;
+    }
+  }
+  out.loss = sum / static_cast<double>(out.tokens);
+  out.mean_of_micro_batch_means = means / static_cast<double>(micro_batches);
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ReferenceRun> RunReference(const std::string& spec_json,
@@ -198,6 +253,15 @@ absl::StatusOr<ReferenceRun> RunReference(const std::string& spec_json,
     return RunOrThrow(spec_json, options);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("reference loop: ", e.what()));
+  }
+}
+
+absl::StatusOr<ReferenceEval> ReferenceEvalLoss(const std::string& spec_json,
+                                                const Params& params) {
+  try {
+    return EvalOrThrow(spec_json, params);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("reference eval: ", e.what()));
   }
 }
 

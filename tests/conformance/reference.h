@@ -58,6 +58,18 @@ absl::StatusOr<Params> LatestCheckpointParams(const std::string& dir,
                                               int64_t* optimizer_update_id = nullptr,
                                               int64_t* checkpoint_id = nullptr);
 
+// The held-out loss of the job's spec.eval, recomputed apart from the worker: the model built
+// from the spec with `params` copied in, then every held-out sample (the first
+// eval.max_batches × micro_batch_size when set) in its OWN forward pass in fp32, cross-entropy
+// summed over its valid next-token labels; loss = Σ / Σ tokens. Token-level data only. Also
+// the mean of per-micro-batch means, the number the token weighting must not be confused with.
+struct ReferenceEval {
+  double loss = 0.0;
+  int64_t tokens = 0;
+  double mean_of_micro_batch_means = 0.0;
+};
+absl::StatusOr<ReferenceEval> ReferenceEvalLoss(const std::string& spec_json, const Params& params);
+
 // CUDA devices the worker processes can train on: 0 without a GPU, or when the worker is
 // built without its CUDA path (TRAINSTEP_WITH_CUDA).
 int WorkerCudaDevices();

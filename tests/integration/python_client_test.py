@@ -32,6 +32,10 @@ MLP_SPEC = {
     "workers": {"count": 2},
     "optimizer": {"sgd": {"lr": 0.05, "momentum": 0.9}},
     "stop": {"max_updates": 6},
+    # Held-out loss after updates 2, 4 and 6 (the same generator's samples: a smoke test of
+    # the plumbing; tests/conformance/eval_test.cc checks the number).
+    "eval": {"data": {"synthetic_regression": {"samples": 20, "in_features": 4}},
+             "every_updates": 2, "max_batches": 3},
 }
 
 
@@ -101,9 +105,15 @@ class PythonClientTest(unittest.TestCase):
 
         self.assertEqual([r["window_id"] for r in records], [1, 2, 3, 4, 5, 6])
         field_order = [f.name for f in types_pb2.UpdateRecord.DESCRIPTOR.fields]
+        # The watch yields an evaluated update's record with its eval_loss, like logs.
+        self.assertEqual([r["optimizer_update_id"] for r in records if r["eval_loss"] is not None],
+                         [2, 4, 6])
         for r in records:
             self.assertEqual(list(r), field_order)
             self.assertEqual(r["outcome"], "commit")
+            if r["eval_loss"] is not None:
+                self.assertIsInstance(r["eval_loss"], float)
+                self.assertEqual(r["eval_valid_tokens"], 12)  # 3 micro-batches of 4 samples
             self.assertEqual(r["micro_steps"], 6)
             self.assertIsInstance(r["cumulative_tokens"], int)
             self.assertIsInstance(r["loss"], float)
@@ -121,6 +131,12 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(job["state"], "SUCCEEDED")
         self.assertEqual(job["progress"]["optimizer_update_id"], "6")  # protobuf's JSON mapping
         self.assertEqual(job["spec"]["batch"]["tail"], "dynamic")  # the resolved spec
+        self.assertEqual(job["progress"]["last_eval_update_id"], "6")
+        self.assertEqual(job["progress"]["last_eval_loss"], records[-1]["eval_loss"])
+        # Throughput of an ended job: its last minute, no ETA.
+        self.assertGreater(job["throughput"]["updates_per_second"], 0)
+        self.assertGreater(job["throughput"]["tokens_per_second"], 0)
+        self.assertNotIn("eta_seconds", job["throughput"])
         self.assertEqual(final, job)
         self.assertEqual(self.client.list(), self.cli_json("job", "list", "-o", "json"))
         self.assertIn(job_id, [j["job_id"] for j in self.client.list()])

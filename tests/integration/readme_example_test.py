@@ -56,7 +56,7 @@ class ReadmeExampleTest(unittest.TestCase):
             self.assertEqual(lines[1], f"{job_id} submitted: start a worker, "
                                        f"build/bin/trainstep-worker --job {job_id}")
             self.assertEqual(len([line for line in lines if " commit loss " in line]), 10, out)
-            self.assertEqual(lines[-1], f"{job_id} SUCCEEDED 10 updates")
+            self.assertRegex(lines[-1], rf"^{job_id} SUCCEEDED 10 updates at \d+\.\d updates/s$")
 
 
 if __name__ == "__main__":

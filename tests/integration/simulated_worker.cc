@@ -100,10 +100,26 @@ absl::Status SimulatedWorker::AckPending(const v1::Assignment& a) {
   return client_.AckCheckpoint(ack);
 }
 
+absl::Status SimulatedWorker::Evaluate(const v1::Assignment& a, int64_t update_id) {
+  // Rank r: 5 + r units at loss 1 / (1 + update): the global eval loss is 1 / (1 + update).
+  v1::ReportEvalRequest req;
+  req.set_job_id(job_id_);
+  req.set_worker_id(worker_id_);
+  req.set_generation(a.generation());
+  req.set_rank(a.rank());
+  req.set_optimizer_update_id(update_id);
+  req.set_valid_units(5 + a.rank());
+  req.set_loss_sum(static_cast<double>(req.valid_units()) / static_cast<double>(1 + update_id));
+  return client_.ReportEval(req).status();
+}
+
 absl::Status SimulatedWorker::Run() {
   absl::StatusOr<v1::Assignment> a = AwaitAssignment(0);
   if (!a.ok()) return a.status();
   if (absl::Status s = AckPending(*a); !s.ok()) return s;
+  if (a->has_pending_eval_update_id()) {
+    if (absl::Status s = Evaluate(*a, a->pending_eval_update_id()); !s.ok()) return s;
+  }
   int64_t window = a->next_window_id();
   while (!crashed_) {
     const absl::Time window_start = absl::Now();
@@ -160,6 +176,9 @@ absl::Status SimulatedWorker::Run() {
       window_seconds_.push_back(absl::ToDoubleSeconds(absl::Now() - window_start));
     }
     applied_update_ = decision.optimizer_update_id();
+    if (decision.run_eval()) {
+      if (absl::Status s = Evaluate(*a, decision.optimizer_update_id()); !s.ok()) return s;
+    }
     if (decision.write_checkpoint() && a->rank() == 0) {
       v1::AckCheckpointRequest ack;
       ack.set_job_id(job_id_);

@@ -59,6 +59,8 @@ class SimulatedWorker {
   v1::HeartbeatRequest HeartbeatRequest() const;
   // Rank 0 writes (here: acknowledges) a checkpoint the assignment asks for.
   absl::Status AckPending(const v1::Assignment& a);
+  // Reports a held-out loss for `update_id` (spec.eval): 1 / (1 + update_id) over all ranks.
+  absl::Status Evaluate(const v1::Assignment& a, int64_t update_id);
 
   std::string job_id_;
   int64_t dataset_samples_;

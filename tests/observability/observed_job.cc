@@ -75,15 +75,17 @@ ObservedJob::~ObservedJob() {
 
 std::string ObservedJob::spec() const {
   const int64_t w = options_.windows;
-  return absl::StrCat(R"({"name":"observability <demo> & co","model":{"mlp":{}},)",
-                      R"("data":{"synthetic_regression":{"samples":)", options_.workers * w,
-                      R"(}},)", R"("batch":{"micro_batch_size":1,"accumulation_steps":1},)",
-                      R"("optimizer":{"sgd":{"lr":0.1}},)",
-                      R"("schedule":{"warmup_cosine":{"warmup_updates":5,"total_updates":)", w,
-                      R"(,"min_lr_ratio":0.1}},)", R"("clip":{"max_grad_norm":1.0},)",
-                      R"("loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":4},)",
-                      R"("checkpoint":{"dir":")", dir_, R"(/checkpoints","every_updates":10},)",
-                      R"("workers":{"count":)", options_.workers, "}}");
+  return absl::StrCat(
+      R"({"name":"observability <demo> & co","model":{"mlp":{}},)",
+      R"("data":{"synthetic_regression":{"samples":)", options_.workers * w, R"(}},)",
+      R"("batch":{"micro_batch_size":1,"accumulation_steps":1},)",
+      R"("optimizer":{"sgd":{"lr":0.1}},)",
+      R"("schedule":{"warmup_cosine":{"warmup_updates":5,"total_updates":)", w,
+      R"(,"min_lr_ratio":0.1}},)", R"("clip":{"max_grad_norm":1.0},)",
+      R"("loss_scaler":{"enabled":true,"init_scale":1024,"growth_interval":4},)",
+      R"("checkpoint":{"dir":")", dir_, R"(/checkpoints","every_updates":10},)",
+      R"("eval":{"data":{"synthetic_regression":{"samples":8}},"every_updates":5},)",
+      R"("workers":{"count":)", options_.workers, "}}");
 }
 
 SimReport ObservedJob::Report(int worker, int64_t window, int rank) {

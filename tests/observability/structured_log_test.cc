@@ -70,6 +70,7 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
   ASSERT_EQ(log.size(), 30u);
 
   std::map<std::pair<int64_t, int64_t>, Value> windows;  // (generation, window_id) → line
+  std::map<int64_t, Value> evals;                        // optimizer_update_id → eval line
   int other_lines = 0;
   for (const std::string& line : lines) {
     absl::StatusOr<Value> v = ParseJson(line);
@@ -91,9 +92,18 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
       ++other_lines;
       continue;
     }
-    ASSERT_EQ(event->string_value(), "window_ended") << line;
     ASSERT_NE(JsonPath(*v, {"training_job"}), nullptr) << line;
     EXPECT_EQ(JsonPath(*v, {"training_job"})->string_value(), job_id_) << line;
+    if (event->string_value() == "eval_ended") {  // spec.eval: the held-out loss, after its window
+      for (const char* key : {"generation", "optimizer_update_id", "eval_loss", "valid_units"}) {
+        ASSERT_NE(JsonPath(*v, {key}), nullptr) << key << " missing in " << line;
+      }
+      const auto update =
+          static_cast<int64_t>(JsonPath(*v, {"optimizer_update_id"})->number_value());
+      EXPECT_TRUE(evals.emplace(update, *v).second) << "evaluation logged twice: " << line;
+      continue;
+    }
+    ASSERT_EQ(event->string_value(), "window_ended") << line;
     // Every field of the per-update record, by its .proto name.
     const google::protobuf::Descriptor* d = v1::UpdateRecord::descriptor();
     for (int i = 0; i < d->field_count(); ++i) {
@@ -107,8 +117,22 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
   }
   EXPECT_GT(other_lines, 0) << "no ordinary lines (listening, submitted, stopped)";
 
-  // One line per record of the per-update log, with the same values.
+  // One line per record of the per-update log, with the same values; an evaluated record's
+  // eval fields are on its eval line (the window line was written before the evaluation).
   ASSERT_EQ(windows.size(), log.size());
+  size_t evaluated = 0;
+  for (const v1::UpdateRecord& r : log) {
+    if (!r.has_eval_loss()) continue;
+    ++evaluated;
+    auto it = evals.find(r.optimizer_update_id());
+    ASSERT_NE(it, evals.end()) << "evaluation of update " << r.optimizer_update_id()
+                               << " not logged";
+    EXPECT_DOUBLE_EQ(JsonPath(it->second, {"eval_loss"})->number_value(), r.eval_loss());
+    EXPECT_EQ(static_cast<int64_t>(JsonPath(it->second, {"valid_units"})->number_value()),
+              r.eval_valid_tokens());
+  }
+  EXPECT_GT(evaluated, 0u) << "the observed job evaluates every 5 updates";
+  EXPECT_EQ(evals.size(), evaluated);
   const google::protobuf::Descriptor* d = v1::UpdateRecord::descriptor();
   const google::protobuf::Reflection* refl = v1::UpdateRecord::GetReflection();
   for (const v1::UpdateRecord& r : log) {
@@ -116,6 +140,7 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
     ASSERT_NE(it, windows.end()) << "window " << r.window_id() << " not logged";
     for (int i = 0; i < d->field_count(); ++i) {
       const FieldDescriptor* f = d->field(i);
+      if (f->name() == "eval_loss" || f->name() == "eval_valid_tokens") continue;  // above
       const Value* got = JsonPath(it->second, {f->name()});
       ASSERT_NE(got, nullptr);
       if (!f->is_repeated() && f->has_presence() && !refl->HasField(r, f)) {

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -92,9 +93,13 @@ bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
   const auto tie = [](const CheckpointMeta& m) {
     return std::tie(m.job_id, m.checkpoint_id, m.optimizer_update_id, m.scheduler_step, m.window_id,
                     m.epoch, m.cumulative_tokens, m.loss_scale, m.scaler_growth_tracker,
-                    m.spec_hash, m.next_window_id, m.written_unix_ms);
+                    m.spec_hash, m.next_window_id, m.written_unix_ms, m.eval_update_id);
   };
-  return tie(a) == tie(b);
+  // NaN evaluations compare equal: meta.json writes both as null.
+  const bool same_eval = a.eval_loss.has_value() == b.eval_loss.has_value() &&
+                         (!a.eval_loss.has_value() || *a.eval_loss == *b.eval_loss ||
+                          (std::isnan(*a.eval_loss) && std::isnan(*b.eval_loss)));
+  return tie(a) == tie(b) && same_eval;
 }
 
 absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
@@ -104,18 +109,24 @@ absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
   }
   if (!internal::IsValidUtf8(m.job_id)) return MetaError("job_id", "is not valid UTF-8");
   if (!internal::IsValidUtf8(m.spec_hash)) return MetaError("spec_hash", "is not valid UTF-8");
-  return absl::StrCat("{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
-                      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
-                      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
-                      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
-                      "  \"window_id\": ", IntJson(m.window_id), ",\n",
-                      "  \"epoch\": ", IntJson(m.epoch), ",\n",
-                      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
-                      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
-                      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
-                      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
-                      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
-                      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms), "\n", "}\n");
+  return absl::StrCat(
+      "{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
+      "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
+      "  \"optimizer_update_id\": ", IntJson(m.optimizer_update_id), ",\n",
+      "  \"scheduler_step\": ", IntJson(m.scheduler_step), ",\n",
+      "  \"window_id\": ", IntJson(m.window_id), ",\n", "  \"epoch\": ", IntJson(m.epoch), ",\n",
+      "  \"cumulative_tokens\": ", IntJson(m.cumulative_tokens), ",\n",
+      "  \"loss_scale\": ", DoubleJson(m.loss_scale), ",\n",
+      "  \"scaler_growth_tracker\": ", IntJson(m.scaler_growth_tracker), ",\n",
+      "  \"spec_hash\": ", JsonQuote(m.spec_hash), ",\n",
+      "  \"next_window_id\": ", IntJson(m.next_window_id), ",\n",
+      "  \"written_unix_ms\": ", IntJson(m.written_unix_ms),
+      m.eval_loss.has_value() ? absl::StrCat(",\n  \"eval_loss\": ",
+                                             std::isfinite(*m.eval_loss) ? DoubleJson(*m.eval_loss)
+                                                                         : std::string("null"),
+                                             ",\n  \"eval_update_id\": ", IntJson(m.eval_update_id))
+                              : std::string(),
+      "\n", "}\n");
 }
 
 absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
@@ -139,6 +150,17 @@ absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
   ASSIGN_OR_RETURN(const Value* scale, MetaField(s, "loss_scale"));
   if (scale->kind_case() != Value::kNumberValue) return MetaError("loss_scale", "is not a number");
   m.loss_scale = scale->number_value();
+  // Optional (written only after an evaluation): absent in checkpoints of jobs without eval.
+  if (auto it = s.fields().find("eval_loss"); it != s.fields().end()) {
+    if (it->second.kind_case() == Value::kNumberValue) {
+      m.eval_loss = it->second.number_value();
+    } else if (it->second.kind_case() == Value::kNullValue) {
+      m.eval_loss = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      return MetaError("eval_loss", "is not a number or null");
+    }
+    ASSIGN_OR_RETURN(m.eval_update_id, MetaInt(s, "eval_update_id"));
+  }
   return m;
 }
 

@@ -5,6 +5,7 @@
 #define TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_META_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +28,10 @@ struct CheckpointMeta {
   std::string spec_hash;
   int64_t next_window_id = 0;
   int64_t written_unix_ms = 0;
+  // The latest held-out evaluation (spec.eval) at or before this update: "eval_loss" (null when
+  // not finite) and "eval_update_id" in meta.json, both absent when there was none.
+  std::optional<double> eval_loss;
+  int64_t eval_update_id = 0;
 
   friend bool operator==(const CheckpointMeta& a, const CheckpointMeta& b);
   friend bool operator!=(const CheckpointMeta& a, const CheckpointMeta& b) { return !(a == b); }

@@ -118,4 +118,19 @@ std::vector<std::vector<int64_t>> WindowPlanner::RankMicroBatches(int64_t window
   return micro_batches;
 }
 
+std::vector<std::vector<int64_t>> EvalMicroBatches(int64_t eval_samples, int64_t micro_batch_size,
+                                                   int64_t max_batches, int rank, int world_size) {
+  int64_t n = eval_samples;
+  if (max_batches > 0 && max_batches <= n / micro_batch_size) n = max_batches * micro_batch_size;
+  std::vector<std::vector<int64_t>> out;
+  const int64_t batches = (n + micro_batch_size - 1) / micro_batch_size;
+  for (int64_t m = rank; m < batches; m += world_size) {
+    std::vector<int64_t>& mb = out.emplace_back();
+    for (int64_t i = m * micro_batch_size; i < std::min(n, (m + 1) * micro_batch_size); ++i) {
+      mb.push_back(i);
+    }
+  }
+  return out;
+}
+
 }  // namespace trainstep::data

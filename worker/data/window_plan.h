@@ -91,6 +91,14 @@ class WindowPlanner {
 // `drop_tail` is false, floor(S/B) when true. 0 when S ≤ 0 or B ≤ 0.
 int64_t WindowsPerEpoch(int64_t dataset_size, int64_t global_batch, bool drop_tail);
 
+// Rank `rank`'s share of a held-out evaluation (spec.eval): the first
+// min(eval_samples, max_batches × micro_batch_size) samples (all of them when max_batches is 0),
+// cut in file order into micro-batches of micro_batch_size (the last may be short), micro-batch
+// m going to rank m mod world_size. The set is the same for every world size, so the loss over
+// it (Σ over ranks ÷ Σ units) does not depend on how many workers there are.
+std::vector<std::vector<int64_t>> EvalMicroBatches(int64_t eval_samples, int64_t micro_batch_size,
+                                                   int64_t max_batches, int rank, int world_size);
+
 }  // namespace trainstep::data
 
 #endif  // TRAINSTEP_WORKER_DATA_WINDOW_PLAN_H_

@@ -127,7 +127,9 @@ class Client:
     def get(self, job_id):
         """The job: exactly the mapping `trainstep job get ID -o json` prints (state, progress,
         the resolved spec with every default; 64-bit integers are strings, as protobuf's JSON
-        mapping writes them)."""
+        mapping writes them). job["throughput"] holds tokens_per_second, updates_per_second and
+        eta_seconds over the job's last minute; job["progress"]["last_eval_loss"] the latest
+        held-out loss of a job with spec.eval."""
         return message_to_dict(self._unary("GetJob", _pb.GetJobRequest(job_id=job_id)))
 
     def list(self):
@@ -143,7 +145,7 @@ class Client:
     def logs(self, job_id, *, page_size=1000):
         """Yields the job's per-update records so far, oldest first, one dict per ended window,
         as `trainstep job logs ID -o jsonl` prints them (64-bit integers as numbers, None for
-        a non-finite value). Pages are fetched as the iteration needs them."""
+        a non-finite value; "eval_loss" is None on updates that were not evaluated). Pages are fetched as the iteration needs them."""
         token = ""
         while True:
             response = self._unary("ListUpdates", _pb.ListUpdatesRequest(

@@ -547,6 +547,42 @@ TEST_F(CliE2eTest, WatchRunsToSuccess) {
   EXPECT_EQ(ParseJson<v1::Job>(again.out).state(), v1::SUCCEEDED);
 }
 
+// The simulated workers report a held-out loss of 1 / (1 + update) (simulated_worker.h).
+// Catches: `job watch` printing an evaluated update's line before (or without) its eval_loss,
+// or lines for updates that were not evaluated carrying one; `job get` without the eval loss
+// and the throughput line.
+TEST_F(CliE2eTest, WatchAndGetShowTheEvalLossAndThroughput) {
+  constexpr int64_t kWindows = 6;
+  std::string spec = Spec(2, kWindows);
+  spec.insert(spec.size() - 1, R"(,"eval":{"data":{"synthetic_regression":{"samples":4}},)"
+                               R"("every_updates":2})");
+  ASSERT_EQ(Cli({"job", "submit", WriteFile("spec.json", spec)}).out, "job-1\n");
+  std::future<CliResult> watch = CliAsync({"job", "watch", "job-1"});
+  auto workers = Workers("job-1", 2, 2 * kWindows);
+  RunAll(workers);
+  const CliResult r = Await(watch, "job-1");
+  EXPECT_EQ(r.rc, kExitOk) << r.err;
+  EXPECT_EQ(CountLinesStartingWith(r.err, "window "), static_cast<size_t>(kWindows)) << r.err;
+  for (const std::string& line : Lines(r.err)) {
+    if (!absl::StartsWith(line, "window ")) continue;
+    const bool evaluated = absl::StartsWith(line, "window 2 ") ||
+                           absl::StartsWith(line, "window 4 ") ||
+                           absl::StartsWith(line, "window 6 ");
+    EXPECT_EQ(absl::StrContains(line, " eval_loss="), evaluated) << line;
+  }
+  EXPECT_TRUE(absl::StrContains(r.err, "window 2 commit update=2 ")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "tokens=20 eval_loss=0.33333\n")) << r.err;  // 1 / (1 + 2)
+  // The job's end is reported after the last record (released with its evaluation).
+  EXPECT_LT(r.err.find("window 6 commit"), r.err.find("job job-1 SUCCEEDED")) << r.err;
+
+  const CliResult get = Cli({"job", "get", "job-1"});
+  EXPECT_EQ(get.rc, kExitOk) << get.err;
+  EXPECT_TRUE(absl::StrContains(get.out, "eval loss") &&
+              absl::StrContains(get.out, "(update 6)"))  // 1 / 7 after the last update
+      << get.out;
+  EXPECT_TRUE(absl::StrContains(get.out, "updates/s (last ")) << get.out;
+}
+
 // Catches: per-update lines spilling onto a terminal, a live line that is not redrawn in
 // place, or a final line that does not show the job complete.
 TEST_F(CliE2eTest, WatchOnATerminalDrawsOneLiveLine) {
@@ -575,8 +611,9 @@ TEST_F(CliE2eTest, WatchOnATerminalDrawsOneLiveLine) {
   // Bounded by one epoch: the line counts windows against windows_per_epoch × epochs.
   const std::string last = e.substr(e.rfind('\r') + 1);
   EXPECT_TRUE(absl::StartsWith(last, "window 30/30 [############] ")) << last;
-  EXPECT_NE(last.find(" samples/s  loss 2  scale 1  lr 1.0e-03  skipped 0"), std::string::npos)
-      << last;
+  // The coordinator's rates over the job's last minute (Job.throughput).
+  EXPECT_NE(last.find(" samples/s  "), std::string::npos) << last;
+  EXPECT_NE(last.find(" upd/s  loss 2  scale 1  lr 1.0e-03  skipped 0"), std::string::npos) << last;
   EXPECT_TRUE(absl::EndsWith(last, "\n")) << last;  // the summary starts on its own line
   EXPECT_TRUE(absl::StartsWith(out.str(), "job-1 SUCCEEDED")) << out.str();
 }

@@ -117,6 +117,15 @@ TEST(FormatTest, UpdateLine) {
   r.mutable_dropped_tail()->set_samples(4);
   EXPECT_EQ(UpdateLine(r).rfind("window 12 skip OVERFLOW update=12 ", 0), 0u) << UpdateLine(r);
   EXPECT_TRUE(absl::EndsWith(UpdateLine(r), "micro_step=96 tail dropped=4")) << UpdateLine(r);
+  // An evaluated update ends with its held-out loss.
+  r.set_outcome("commit");
+  r.set_reason("");
+  r.set_tail_window(false);
+  r.clear_dropped_tail();
+  r.set_eval_loss(2.5);
+  EXPECT_EQ(UpdateLine(r),
+            "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 "
+            "tokens=4096 micro_step=96 eval_loss=2.5");
 }
 
 // Catches: a dropped tail shown without its epoch, count or positions, or a listing that
@@ -276,6 +285,55 @@ TEST(ProgressTrackerTest, EpochBoundJobCountsWindows) {
   EXPECT_EQ(MaxUpdates(job), 100);
   job.mutable_progress()->set_windows_per_epoch(0);
   EXPECT_EQ(MaxUpdates(job), 0);  // dataset not reported yet
+}
+
+// Catches: the watch line ignoring the coordinator's last-minute throughput (it would show the
+// rate since watching began), and the held-out loss missing from the line.
+TEST(ProgressTrackerTest, UsesTheCoordinatorsThroughputAndShowsTheEvalLoss) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'700'000'000);
+  v1::Job job = JobAt(40, 40, 4000);
+  v1::Throughput* t = job.mutable_throughput();
+  t->set_span_seconds(60);
+  t->set_tokens_per_second(3100);
+  t->set_updates_per_second(2.5);
+  t->set_eta_seconds(24);
+  job.mutable_progress()->set_last_eval_loss(2.5);
+  job.mutable_progress()->set_last_eval_update_id(40);
+  ProgressTracker tracker;
+  tracker.OnJob(job, t0);
+  ProgressView v = tracker.View(t0);  // at once: no local rate could exist yet
+  ASSERT_TRUE(v.units_per_second.has_value());
+  EXPECT_EQ(*v.units_per_second, 3100);
+  EXPECT_EQ(*v.updates_per_second, 2.5);
+  EXPECT_EQ(*v.eta, absl::Seconds(24));
+  EXPECT_EQ(*v.eval_loss, 2.5);
+  const std::string line = ProgressLine(v);
+  EXPECT_NE(line.find("] 3.1k samples/s  2.5 upd/s  loss 1.5  eval 2.5  scale 1024"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.substr(line.size() - 7), "ETA 24s") << line;
+  // An evaluated record newer than the job event updates the eval loss.
+  v1::UpdateRecord r;
+  r.set_window_id(41);
+  r.set_outcome("commit");
+  r.set_optimizer_update_id(41);
+  r.set_eval_loss(2.25);
+  tracker.OnUpdate(r, t0);
+  EXPECT_EQ(*tracker.View(t0).eval_loss, 2.25);
+}
+
+// Catches: `job get` without its throughput line, or one with the wrong unit or no ETA.
+TEST(FormatTest, ThroughputText) {
+  v1::Job job;
+  EXPECT_EQ(ThroughputText(job), "-");
+  job.mutable_spec()->mutable_data()->mutable_text()->add_paths("x.txt");
+  v1::Throughput* t = job.mutable_throughput();
+  t->set_span_seconds(60);
+  t->set_tokens_per_second(12500);
+  t->set_updates_per_second(2);
+  EXPECT_EQ(ThroughputText(job), "12.5k tok/s, 2 updates/s (last 1m)");
+  t->set_eta_seconds(80);
+  EXPECT_EQ(ThroughputText(job), "12.5k tok/s, 2 updates/s (last 1m), ETA 1m20s");
 }
 
 // Catches: a request id that changes between two quick submits (double submit creates two

@@ -114,12 +114,13 @@ void ExpectFullyResolved(const google::protobuf::Message& m, const std::string& 
       continue;
     }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (at == "eval" && !r->HasField(m, f)) continue;  // absent: no evaluation
       EXPECT_TRUE(r->HasField(m, f)) << at << " is missing";
       ExpectFullyResolved(r->GetMessage(m, f), at);
     } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM) {
       EXPECT_NE(r->GetEnumValue(m, f), 0) << at << " is unspecified";
     } else if (f->has_presence() && at != "clip.max_grad_norm" && at != "stop.max_updates" &&
-               at != "stop.epochs") {
+               at != "stop.epochs" && at != "eval.max_batches") {
       EXPECT_TRUE(r->HasField(m, f)) << at << " has no default filled in";
     }
   }
@@ -738,6 +739,31 @@ std::vector<RuleCase> RuleCases() {
       // Two mistakes: the one earlier in spec.proto is reported, always.
       {"FirstErrorInProtoOrder", Text(R"("workers":{"count":0},"batch":{"accumulation_steps":0})"),
        "batch.accumulation_steps must be ≥ 1, got 0"},
+      // Held-out evaluation: its data is resolved like data, with its own path in messages.
+      {"EvalWithoutData", Text(R"("eval":{})"),
+       "eval.data is required: one of text, jsonl, synthetic_regression, tokens"},
+      {"EvalEmptyPaths", Text(R"("eval":{"data":{"text":{"paths":[]}}})"),
+       "eval.data.text.paths must list at least one file or directory, got []"},
+      {"EvalTokensWithoutDtype", Text(R"("eval":{"data":{"tokens":{"path":"/v.bin"}}})"),
+       "eval.data.tokens.dtype is required: uint16, uint32 (the width of the ids in the file; no "
+       "default, since ids read with the wrong width are silently wrong)"},
+      {"EvalSeqLenBeyondTheModel",
+       R"({"model":{"tiny_gpt":{"seq_len":64}},"data":{"text":{"paths":["/c"],"seq_len":64}},)"
+       R"("eval":{"data":{"text":{"paths":["/v"],"seq_len":65}}}})",
+       "eval.data.text.seq_len must be ≤ model.tiny_gpt.seq_len (samples must fit the model's "
+       "context), got 65 and 64"},
+      {"EvalOfAnotherLevel", Text(R"("eval":{"data":{"synthetic_regression":{}}})"),
+       "eval.data must be data.text, data.jsonl or data.tokens like data (data.text), got "
+       "eval.data.synthetic_regression"},
+      {"EvalFeaturesDiffer",
+       Regression(R"("eval":{"data":{"synthetic_regression":{"in_features":3}}})"),
+       "eval.data.synthetic_regression.in_features must equal model.mlp.in_features, got 3 and 8"},
+      {"EvalShuffled", Text(R"("eval":{"data":{"text":{"paths":["/v"]},"shuffle":true}})"),
+       "eval.data.shuffle must be false (evaluation reads every sample once), got true"},
+      {"EvalEveryZero", Text(R"("eval":{"data":{"text":{"paths":["/v"]}},"every_updates":0})"),
+       "eval.every_updates must be ≥ 1, got 0"},
+      {"EvalMaxBatchesZero", Text(R"("eval":{"data":{"text":{"paths":["/v"]}},"max_batches":0})"),
+       "eval.max_batches must be ≥ 1, got 0"},
       // Neither model nor data: model comes first.
       {"EmptySpec", "{}", "model is required: one of tiny_gpt, mlp, torchscript"},
   };
@@ -754,6 +780,25 @@ INSTANTIATE_TEST_SUITE_P(Rules, SpecRuleTest, ::testing::ValuesIn(RuleCases()),
                            return info.param.name;
                          });
 
+// A held-out set gets the training data's defaults: samples that fit the model, read in
+// order, every 100 updates, all of it. Catches: an eval.data left unresolved (the worker would
+// read seq_len 0) or defaults that differ from data's.
+TEST(SpecTest, EvalDefaults) {
+  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(
+      R"({"model":{"tiny_gpt":{"seq_len":48}},"data":{"tokens":{"path":"/t.bin","dtype":"uint16"}},)"
+      R"("eval":{"data":{"tokens":{"path":"/v.bin","dtype":"uint16"}}}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ExpectFullyResolved(*spec);
+  EXPECT_EQ(spec->eval().data().tokens().seq_len(), 47);  // like data.tokens: fits the model
+  EXPECT_FALSE(spec->eval().data().shuffle());
+  EXPECT_EQ(spec->eval().every_updates(), 100);
+  EXPECT_FALSE(spec->eval().has_max_batches());
+  absl::StatusOr<v1::JobSpec> again = ResolveJobSpec(*spec);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->SerializeAsString(), spec->SerializeAsString());
+  EXPECT_FALSE(ParseAndResolveJobSpec(kMinimal)->has_eval());  // no eval unless asked
+}
+
 // ---------------------------------------------------------------------------------------
 // Parse errors: protobuf's messages rewritten so that a user knows what to change.
 
@@ -767,7 +812,7 @@ std::vector<RuleCase> ParseErrorCases() {
       {"UnknownTopLevelField", R"({"micro_batch_size":4})",
        "micro_batch_size: unknown field; the spec accepts: name, seed, model, data, batch, "
        "precision, loss, optimizer, schedule, clip, loss_scaler, stop, checkpoint, workers, "
-       "debug"},
+       "debug, eval"},
       // A typo inside a list element.
       {"UnknownFieldInList", R"({"optimizer":{"param_groups":[{"prefixx":"a."}]}})",
        "optimizer.param_groups[0].prefixx: unknown field; optimizer.param_groups[0] accepts: "

@@ -36,8 +36,9 @@ struct SpecOptions {
   std::string checkpoint_dir;  // "" = checkpoints off
   std::optional<int64_t> every_updates;
   std::optional<double> max_grad_norm;
-  std::string schedule;  // JSON object, "" = constant
-  double lr = 0.1;       // sgd
+  std::string schedule;               // JSON object, "" = constant
+  double lr = 0.1;                    // sgd
+  std::optional<int64_t> eval_every;  // set: spec.eval with this every_updates
 };
 
 inline std::string SpecJson(const SpecOptions& o) {
@@ -54,6 +55,10 @@ inline std::string SpecJson(const SpecOptions& o) {
   if (o.max_updates) absl::StrAppend(&stop, R"("max_updates":)", *o.max_updates);
   if (o.epochs) absl::StrAppend(&stop, stop.empty() ? "" : ",", R"("epochs":)", *o.epochs);
   if (!stop.empty()) absl::StrAppend(&json, R"(,"stop":{)", stop, "}");
+  if (o.eval_every) {
+    absl::StrAppend(&json, R"(,"eval":{"data":{"text":{"paths":["/held-out"]}},"every_updates":)",
+                    *o.eval_every, "}");
+  }
   if (!o.checkpoint_dir.empty()) {
     absl::StrAppend(&json, R"(,"checkpoint":{"dir":")", o.checkpoint_dir, "\"");
     if (o.every_updates) absl::StrAppend(&json, R"(,"every_updates":)", *o.every_updates);
@@ -299,6 +304,25 @@ class SimulatedRanks {
   }
   v1::WindowDecision RunWindow(RankReport r = {}) {
     return RunWindow(Reports(static_cast<int>(Ranks().size()), r));
+  }
+
+  // Rank `rank` of the current generation reports its held-out loss for `update_id`.
+  absl::StatusOr<Answer<v1::ReportEvalResponse>> Eval(int rank, int64_t update_id, double loss_sum,
+                                                      int64_t units) {
+    v1::ReportEvalRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(Ranks().at(rank));
+    req.set_generation(generation());
+    req.set_rank(rank);
+    req.set_optimizer_update_id(update_id);
+    req.set_loss_sum(loss_sum);
+    req.set_valid_units(units);
+    return Eval(req);
+  }
+  absl::StatusOr<Answer<v1::ReportEvalResponse>> Eval(const v1::ReportEvalRequest& req) {
+    auto a = machine().ReportEval(req, now_);
+    Drain();
+    return a;
   }
 
   absl::Status Ack(int64_t checkpoint_id, int64_t update_id, std::string worker = "") {

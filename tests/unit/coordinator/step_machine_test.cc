@@ -812,6 +812,209 @@ TEST(StepMachineTest, DesyncStreakSurvivesRestore) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Held-out evaluation (spec.eval)
+
+SpecOptions WithEval(int64_t every, SpecOptions o = {}) {
+  o.eval_every = every;
+  return o;
+}
+
+std::vector<v1::EvalEnded> EvalRecords(const std::vector<v1::JournalRecord>& records) {
+  std::vector<v1::EvalEnded> out;
+  for (const v1::JournalRecord& r : records) {
+    if (r.has_eval_ended()) out.push_back(r.eval_ended());
+  }
+  return out;
+}
+
+// Catches: an eval loss that is a mean of the ranks' means (2.0 here) instead of Σ loss ÷ Σ
+// tokens (1.0), an evaluation asked for off its interval, a next window that starts before the
+// evaluation is recorded, and a result that never reaches the update's record and the progress.
+TEST(StepMachineTest, EvalAtItsIntervalIsTokenWeightedAndGatesTheNextWindow) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(2)));
+  sim.Start(2);
+  EXPECT_FALSE(sim.RunWindow().run_eval());
+  const v1::WindowDecision d2 = sim.RunWindow();
+  ASSERT_EQ(d2.optimizer_update_id(), 2);
+  ASSERT_TRUE(d2.run_eval());
+  // Watchers get the commit only with its evaluation.
+  EXPECT_EQ(sim.machine().WatchableUpdates(), sim.machine().updates().size() - 1);
+
+  // Window 3's begin barrier waits for the evaluation.
+  ASSERT_TRUE(sim.Begin(0, 3, 10)->ready == false);
+  ASSERT_TRUE(sim.Begin(1, 3, 10)->ready == false);
+
+  auto e0 = sim.Eval(0, 2, /*loss_sum=*/30.0, /*units=*/10);  // mean 3.0
+  ASSERT_TRUE(e0.ok()) << e0.status();
+  EXPECT_FALSE(e0->ready);
+  EXPECT_TRUE(EvalRecords(sim.records()).empty());            // nothing half recorded
+  auto e1 = sim.Eval(1, 2, /*loss_sum=*/10.0, /*units=*/30);  // mean 0.33
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  ASSERT_TRUE(e1->ready);
+  EXPECT_DOUBLE_EQ(e1->response.eval_loss(), 1.0);
+  EXPECT_EQ(e1->response.valid_units(), 40);
+  // The first rank's repeated call gets the same answer.
+  auto again = sim.Eval(0, 2, 30.0, 10);
+  ASSERT_TRUE(again.ok() && again->ready);
+  EXPECT_DOUBLE_EQ(again->response.eval_loss(), 1.0);
+
+  const std::vector<v1::EvalEnded> evals = EvalRecords(sim.records());
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].optimizer_update_id(), 2);
+  EXPECT_EQ(evals[0].generation(), 1);
+  const v1::UpdateRecord& r = sim.machine().updates().back();
+  EXPECT_EQ(r.optimizer_update_id(), 2);
+  ASSERT_TRUE(r.has_eval_loss());
+  EXPECT_DOUBLE_EQ(r.eval_loss(), 1.0);
+  EXPECT_EQ(r.eval_valid_tokens(), 40);
+  EXPECT_FALSE(sim.machine().updates().front().has_eval_loss());
+  EXPECT_EQ(sim.machine().WatchableUpdates(), sim.machine().updates().size());
+  EXPECT_DOUBLE_EQ(sim.progress().last_eval_loss(), 1.0);
+  EXPECT_EQ(sim.progress().last_eval_update_id(), 2);
+
+  auto begin = sim.Begin(0, 3, 10);  // asked again: the barrier is complete now
+  ASSERT_TRUE(begin.ok());
+  EXPECT_TRUE(begin->ready);
+}
+
+// Catches: a job that ends before its final evaluation, or a final update that is never
+// evaluated because it is off the interval.
+TEST(StepMachineTest, FinalUpdateIsEvaluatedBeforeTheJobEnds) {
+  SpecOptions o = WithEval(2);
+  o.max_updates = 3;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  sim.RunWindow();
+  ASSERT_TRUE(sim.RunWindow().run_eval());
+  ASSERT_TRUE(sim.Eval(0, 2, 1, 1)->ready == false);
+  ASSERT_TRUE(sim.Eval(1, 2, 1, 1)->ready);
+  const v1::WindowDecision d3 = sim.RunWindow();
+  ASSERT_TRUE(d3.job_done());
+  EXPECT_TRUE(d3.run_eval());  // 3 is off the interval, but it is the last update
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  ASSERT_FALSE(sim.Eval(0, 3, 4, 2)->ready);
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  ASSERT_TRUE(sim.Eval(1, 3, 2, 2)->ready);
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+  EXPECT_DOUBLE_EQ(sim.progress().last_eval_loss(), 1.5);
+  EXPECT_EQ(sim.progress().last_eval_update_id(), 3);
+}
+
+// A rank lost during the evaluation: like a window, nothing of it is recorded, the survivors'
+// barrier answers ABORTED, and the next generation evaluates the same update again.
+// Catches: an eval loss recorded from part of the ranks, a stale generation's report counted,
+// and an evaluation that is silently dropped after a failure.
+TEST(StepMachineTest, RankLostDuringEvalRecordsNothingAndTheNextGenerationRetries) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(1)));
+  const std::vector<std::string> g1 = sim.Start(2);
+  const std::string standby = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(standby).ok());
+  ASSERT_TRUE(sim.RunWindow().run_eval());
+  const v1::ReportEvalRequest rank0 = [&] {
+    v1::ReportEvalRequest req;
+    req.set_job_id(sim.job_id());
+    req.set_worker_id(g1[0]);
+    req.set_generation(1);
+    req.set_rank(0);
+    req.set_optimizer_update_id(1);
+    req.set_loss_sum(5);
+    req.set_valid_units(5);
+    return req;
+  }();
+  ASSERT_FALSE(sim.Eval(rank0)->ready);
+  sim.Lose({g1[1]});
+
+  EXPECT_TRUE(EvalRecords(sim.records()).empty());
+  EXPECT_EQ(CodeOf(sim.Eval(rank0)), absl::StatusCode::kAborted);
+  EXPECT_EQ(sim.generation(), 2);
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(g1[0]);
+  ASSERT_TRUE(hb.ok() && hb->assigned());
+  EXPECT_EQ(hb->assignment().pending_eval_update_id(), 1);
+  EXPECT_EQ(hb->assignment().next_window_id(), 2);
+  EXPECT_FALSE(sim.progress().has_last_eval_loss());
+
+  ASSERT_FALSE(sim.Eval(0, 1, 6, 3)->ready);
+  auto done = sim.Eval(1, 1, 2, 1);
+  ASSERT_TRUE(done.ok() && done->ready);
+  EXPECT_DOUBLE_EQ(done->response.eval_loss(), 2.0);
+  const std::vector<v1::EvalEnded> evals = EvalRecords(sim.records());
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].generation(), 2);
+  EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+}
+
+// Catches: an evaluation state lost on a coordinator restart (replay or snapshot): the result
+// must stay on its record, and an evaluation in progress must still gate the next window.
+TEST(StepMachineTest, EvalSurvivesReplayAndSnapshot) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(1)));
+  sim.Start(2);
+  sim.RunWindow();
+  ASSERT_TRUE(sim.Eval(0, 1, 3, 1)->ready == false);
+  ASSERT_TRUE(sim.Eval(1, 1, 1, 1)->ready);
+  sim.RunWindow();  // update 2: its evaluation is due
+
+  // Replay the journal into a fresh registry.
+  JobRegistry replayed{MachineOptions{}};
+  for (const v1::JournalRecord& r : sim.records()) replayed.Apply(r);
+  const StepMachine& m = **replayed.Machine(sim.job_id());
+  ASSERT_EQ(m.updates().size(), 2u);
+  EXPECT_DOUBLE_EQ(m.updates()[0].eval_loss(), 2.0);
+  EXPECT_FALSE(m.updates()[1].has_eval_loss());
+  EXPECT_EQ(m.WatchableUpdates(), 1u);  // update 2 still waits for its evaluation
+  EXPECT_EQ(m.Job().progress().last_eval_update_id(), 1);
+
+  // Restore from a snapshot: the due evaluation gates window 3 and completes as before.
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  EXPECT_DOUBLE_EQ(sim.progress().last_eval_loss(), 2.0);
+  EXPECT_FALSE(sim.Begin(0, 3, 10)->ready);
+  EXPECT_FALSE(sim.Begin(1, 3, 10)->ready);
+  ASSERT_FALSE(sim.Eval(0, 2, 1, 1)->ready);
+  ASSERT_TRUE(sim.Eval(1, 2, 1, 1)->ready);
+  EXPECT_TRUE(sim.Begin(1, 3, 10)->ready);
+  EXPECT_DOUBLE_EQ(sim.machine().updates()[1].eval_loss(), 1.0);
+}
+
+// Catches: evaluations asked for in a job without spec.eval, and reports for an update whose
+// evaluation is not due being accepted.
+TEST(StepMachineTest, EvalReportsOutsideTheProtocolAreRefused) {
+  SimulatedRanks plain(ResolvedSpec({}));
+  plain.Start(2);
+  EXPECT_FALSE(plain.RunWindow().run_eval());
+  EXPECT_EQ(CodeOf(plain.Eval(0, 1, 1, 1)), absl::StatusCode::kFailedPrecondition);
+
+  SimulatedRanks sim(ResolvedSpec(WithEval(2)));
+  sim.Start(2);
+  sim.RunWindow();
+  EXPECT_THAT(MessageOf(sim.Eval(0, 1, 1, 1)), HasSubstr("no evaluation of update 1 is due"));
+  sim.RunWindow();
+  EXPECT_EQ(CodeOf(sim.Eval(0, 2, 1, -1)), absl::StatusCode::kInvalidArgument);
+  ASSERT_FALSE(sim.Eval(0, 2, 1, 1)->ready);
+  EXPECT_EQ(CodeOf(sim.Eval(0, 2, 9, 1)), absl::StatusCode::kInvalidArgument);  // changed report
+}
+
+// Catches: an evaluation of an update that a rollback erased staying due (it would block the
+// job forever, or be recorded against weights that no longer exist).
+TEST(StepMachineTest, RollbackPastADueEvalClearsIt) {
+  SpecOptions o = WithEval(2);
+  o.checkpoint_dir = "/ckpt";
+  o.every_updates = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  const std::vector<std::string> g1 = sim.Start(2);
+  const v1::WindowDecision d1 = sim.RunWindow();
+  ASSERT_TRUE(sim.Ack(d1.checkpoint_id(), 1).ok());
+  ASSERT_TRUE(sim.RunWindow().run_eval());  // update 2, checkpoint never acknowledged
+  sim.Lose(g1);
+  sim.Start(2);
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(sim.Ranks()[0]);
+  ASSERT_TRUE(hb.ok() && hb->assigned());
+  EXPECT_FALSE(hb->assignment().has_pending_eval_update_id());
+  const v1::WindowDecision again = sim.RunWindow();  // update 2 again: evaluated again
+  EXPECT_EQ(again.optimizer_update_id(), 2);
+  EXPECT_TRUE(again.run_eval());
+}
+
+// ---------------------------------------------------------------------------------------
 // Idempotence and errors
 
 // Catches: a repeated report that changes state or gets another answer, and a conflicting

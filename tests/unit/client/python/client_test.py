@@ -60,6 +60,7 @@ class FakeJobService(pb_grpc.JobServiceServicer):
         self.errors = {}  # method -> (code, details), answered to every call
         self.delay = 0  # seconds GetJob takes
         self.records = []
+        self.throughput = None  # GetJob answers with it when set
         self.watch_streams = []  # generator functions (request, context), one per WatchJob
         self.watch_ended = threading.Event()
 
@@ -78,7 +79,10 @@ class FakeJobService(pb_grpc.JobServiceServicer):
     def GetJob(self, request, context):
         self._record("GetJob", request, context)
         time.sleep(self.delay)
-        return job(job_id=request.job_id)
+        answer = job(job_id=request.job_id)
+        if self.throughput is not None:
+            answer.throughput.CopyFrom(self.throughput)
+        return answer
 
     def ListJobs(self, request, context):
         self._record("ListJobs", request, context)
@@ -346,6 +350,28 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(first["dropped_tail"],
                          {"epoch": 3, "samples": 0, "first_position": 0,
                           "sample_ids": [1 << 40, 2]})
+
+    # Catches: an update that was not evaluated reading eval_loss 0.0 (protobuf's default for an
+    # unset optional double) instead of None, or an evaluated one losing its value.
+    def test_records_carry_eval_loss_only_when_evaluated(self):
+        self.fake.records = [record(1), record(2)]
+        self.fake.records[1].eval_loss = 2.25
+        self.fake.records[1].eval_valid_tokens = 4096
+        out = list(self.client.logs("job-7"))
+        self.assertIsNone(out[0]["eval_loss"])
+        self.assertEqual(out[0]["eval_valid_tokens"], 0)
+        self.assertEqual(out[1]["eval_loss"], 2.25)
+        self.assertEqual(out[1]["eval_valid_tokens"], 4096)
+
+    # Catches: the coordinator's throughput (tokens/s, updates/s, ETA) missing from get().
+    def test_get_exposes_throughput(self):
+        self.fake.throughput = types_pb2.Throughput(tokens_per_second=1500.0, updates_per_second=2.5,
+                                             windows_per_second=2.5, span_seconds=60.0,
+                                             eta_seconds=12.0)
+        got = self.client.get("job-3")["throughput"]
+        self.assertEqual(got["tokens_per_second"], 1500.0)
+        self.assertEqual(got["updates_per_second"], 2.5)
+        self.assertEqual(got["eta_seconds"], 12.0)
 
     # Catches: a broken stream (coordinator restart) ending the watch, a resumed stream
     # repeating records, a retried window (same id, next generation) dropped as a duplicate,

@@ -14,6 +14,7 @@ namespace trainstep::ckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 CheckpointMeta MetaFor(int64_t id) {
   CheckpointMeta m;
@@ -58,6 +59,28 @@ TEST(CheckpointMetaTest, JsonRoundTripsExtremeValuesExactly) {
     EXPECT_TRUE(*back == m) << *json;
     EXPECT_EQ(std::signbit(back->loss_scale), std::signbit(m.loss_scale));
   }
+}
+
+// Catches: a checkpoint of a job with spec.eval losing its last eval loss, a NaN written as
+// JSON that nothing can read, or checkpoints of jobs without eval gaining the fields.
+TEST(CheckpointMetaTest, EvalLossRoundTripsAndIsAbsentWithoutEval) {
+  CheckpointMeta m = MetaFor(4);
+  const std::string without = *CheckpointMetaToJson(m);
+  EXPECT_THAT(without, Not(HasSubstr("eval")));
+  EXPECT_FALSE(CheckpointMetaFromJson(without)->eval_loss.has_value());
+  m.eval_loss = 2.0 / 3;
+  m.eval_update_id = 40;
+  const std::string with = *CheckpointMetaToJson(m);
+  EXPECT_THAT(with, HasSubstr("\"eval_update_id\": 40"));
+  absl::StatusOr<CheckpointMeta> back = CheckpointMetaFromJson(with);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
+  m.eval_loss = std::numeric_limits<double>::quiet_NaN();
+  const std::string nan = *CheckpointMetaToJson(m);
+  EXPECT_THAT(nan, HasSubstr("\"eval_loss\": null"));
+  back = CheckpointMetaFromJson(nan);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == m);
 }
 
 // Catches a meta.json parser that accepts wrong types or missing fields silently.
