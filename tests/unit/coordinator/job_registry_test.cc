@@ -49,6 +49,12 @@ v1::RegisterWorkerRequest Register(const std::string& job_id, const std::string&
   return req;
 }
 
+v1::CancelJobRequest CancelRequest(const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  return req;
+}
+
 // Applies every record of `from` to a fresh registry.
 std::unique_ptr<JobRegistry> Replay(const std::vector<v1::JournalRecord>& records) {
   auto r = std::make_unique<JobRegistry>(MachineOptions{});
@@ -225,7 +231,7 @@ TEST(JobRegistryTest, RegisterWithoutJobPicksOldestJobNeedingWorkers) {
   reg.Submit(SubmitWorkers(1), kT0);  // job-1
   reg.Submit(SubmitWorkers(2), kT0);  // job-2
   reg.Submit(SubmitWorkers(1), kT0);  // job-3
-  ASSERT_TRUE(reg.Cancel("job-3", kT0).ok());
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-3"), kT0).ok());
   EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-1");
   EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-2");
   absl::StatusOr<v1::RegisterWorkerResponse> third = reg.RegisterWorker(Register(""), kT0);
@@ -305,13 +311,14 @@ TEST(JobRegistryTest, ListUpdatesPaging) {
 TEST(JobRegistryTest, GetAndCancel) {
   JobRegistry reg{MachineOptions{}};
   EXPECT_EQ(reg.Get("job-1").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Cancel(CancelRequest("job-1"), kT0).status().code(), absl::StatusCode::kNotFound);
   reg.Submit(SubmitWorkers(1), kT0);
-  absl::StatusOr<v1::Job> cancelled = reg.Cancel("job-1", kT0 + absl::Seconds(2));
+  absl::StatusOr<v1::Job> cancelled = reg.Cancel(CancelRequest("job-1"), kT0 + absl::Seconds(2));
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_EQ(cancelled->end_time_ms(), absl::ToUnixMillis(kT0 + absl::Seconds(2)));
-  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reg.Cancel(CancelRequest("job-1"), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(reg.Get("job-1")->state(), v1::CANCELLED);
 }
 
