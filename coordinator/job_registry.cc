@@ -109,11 +109,12 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
     const std::string dir = CheckpointDirKey(resolved.checkpoint().dir());
     for (const auto& [id, m] : jobs_) {
       if (m->terminal()) continue;
-      const std::string& other = m->Job().spec().checkpoint().dir();
+      const v1::Job other_job = m->Job();
+      const std::string& other = other_job.spec().checkpoint().dir();
       if (!other.empty() && CheckpointDirKey(other) == dir) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint.dir \"", resolved.checkpoint().dir(), "\" is the checkpoint directory of ",
-            id, ", which is still ", v1::JobState_Name(m->Job().state()),
+            id, ", which is still ", v1::JobState_Name(other_job.state()),
             "; two jobs in one directory would overwrite and prune each other's checkpoints "
             "(give this job its own directory)"));
       }

@@ -22,8 +22,8 @@ absl::Status ValidateLimits(const Limits& l) {
   };
   for (const auto& c : checks) {
     if (c.value < c.min || c.value > c.max) {
-      return absl::InvalidArgumentError(absl::StrCat(c.flag, " must be in [", c.min, ", ", c.max,
-                                                     "], got ", c.value));
+      return absl::InvalidArgumentError(
+          absl::StrCat(c.flag, " must be in [", c.min, ", ", c.max, "], got ", c.value));
     }
   }
   return absl::OkStatus();
@@ -32,8 +32,8 @@ absl::Status ValidateLimits(const Limits& l) {
 absl::Status CheckSize(absl::string_view field, absl::string_view value, int64_t limit,
                        absl::string_view flag) {
   if (static_cast<int64_t>(value.size()) <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " is ", value.size(),
-                                                 " bytes; the limit is ", limit, " (", flag, ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value.size(), " bytes; the limit is ", limit, " (", flag, ")"));
 }
 
 std::string TruncateMessage(std::string message, int64_t limit) {
