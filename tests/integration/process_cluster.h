@@ -28,9 +28,11 @@ absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::s
 
 class ProcessCluster {
  public:
-  // Starts trainstep-coordinator with its state in `dir` (created, emptied first).
+  // Starts trainstep-coordinator with its state in `dir` (created, emptied first unless
+  // `keep_state`: a restart over the same journal), with extra coordinator flags.
   static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(
-      const std::string& dir, absl::Duration worker_lease = absl::Seconds(10));
+      const std::string& dir, absl::Duration worker_lease = absl::Seconds(10),
+      const std::vector<std::string>& coordinator_flags = {}, bool keep_state = false);
   ~ProcessCluster();
 
   const std::string& address() const { return address_; }
