@@ -54,8 +54,9 @@ std::string Spec(const std::string& name, int paths = 1, int path_bytes = 5) {
   for (int i = 0; i < paths; ++i) {
     absl::StrAppend(&list, i ? "," : "", "\"/data/", i, "-", std::string(path_bytes, 'p'), "\"");
   }
-  return absl::StrCat(R"({"name":")", name, R"(","model":{"tiny_gpt":{}},"data":{"text":{"paths":[)",
-                      list, R"(]}},"workers":{"count":1}})");
+  return absl::StrCat(R"({"name":")", name,
+                      R"(","model":{"tiny_gpt":{}},"data":{"text":{"paths":[)", list,
+                      R"(]}},"workers":{"count":1}})");
 }
 
 absl::StatusOr<v1::Job> SubmitWithRequestId(ProcessCluster& c, const std::string& spec,
@@ -74,11 +75,11 @@ absl::StatusOr<v1::Job> SubmitWithRequestId(ProcessCluster& c, const std::string
 // `trainstep job list -o json` against the cluster: its exit code and stdout.
 std::pair<int, std::string> CliJobList(ProcessCluster& c) {
   const std::string out = c.dir() + "/cli.out";
-  absl::StatusOr<int> code = RunToExit(
-      {"/bin/sh", "-c",
-       absl::StrCat(BinDir(), "/trainstep --coordinator ", c.address(), " job list -o json > ", out,
-                    " 2> ", c.dir(), "/cli.err")},
-      c.dir() + "/cli.log", absl::Seconds(60));
+  absl::StatusOr<int> code =
+      RunToExit({"/bin/sh", "-c",
+                 absl::StrCat(BinDir(), "/trainstep --coordinator ", c.address(),
+                              " job list -o json > ", out, " 2> ", c.dir(), "/cli.err")},
+                c.dir() + "/cli.log", absl::Seconds(60));
   return {code.ok() ? *code : -1, ReadAll(out) + ReadAll(c.dir() + "/cli.err")};
 }
 
@@ -156,8 +157,7 @@ TEST(LimitsProcessTest, HugeRequestIdsAreRefusedAndBigListsArePaged) {
     absl::StatusOr<v1::Job> j =
         SubmitWithRequestId(**c, Spec("huge-id"), std::string(3'900'000, 'a' + i));
     EXPECT_EQ(j.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(j.status().message().find("--max-request-id-bytes"), std::string::npos)
-        << j.status();
+    EXPECT_NE(j.status().message().find("--max-request-id-bytes"), std::string::npos) << j.status();
   }
   for (int i = 0; i < 5; ++i) {
     absl::StatusOr<std::string> job = (*c)->Submit(Spec(absl::StrCat("fat-", i), 900, 990));
