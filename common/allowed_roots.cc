@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 absl::StatusOr<std::string> Resolve(const std::string& path) {
   std::error_code ec;
   const fs::path start = fs::absolute(path, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", path, ": ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", path, ": ", ec.message()));
   std::deque<std::string> todo;
   for (const fs::path& part : start.relative_path()) todo.push_back(part.string());
   fs::path resolved = "/";
@@ -41,12 +42,14 @@ absl::StatusOr<std::string> Resolve(const std::string& path) {
       continue;
     }
     if (++links > 40) {  // the kernel's own limit (ELOOP)
-      return absl::InvalidArgumentError(absl::StrCat("cannot resolve ", path, ": too many symlinks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot resolve ", path, ": too many symlinks"));
     }
     const fs::path target = fs::read_symlink(next, ec);
     if (ec) {
-      return absl::Status(absl::ErrnoToStatusCode(ec.value()),
-                          absl::StrCat("cannot resolve ", path, ": ", next.string(), ": ", ec.message()));
+      return absl::Status(
+          absl::ErrnoToStatusCode(ec.value()),
+          absl::StrCat("cannot resolve ", path, ": ", next.string(), ": ", ec.message()));
     }
     std::vector<std::string> parts;
     for (const fs::path& p : target.relative_path()) parts.push_back(p.string());
@@ -87,9 +90,9 @@ absl::Status AllowedRoots::Check(absl::string_view field, const std::string& pat
   for (const std::string& root : roots_) {
     if (IsWithin(resolved, root)) return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(
-      absl::StrCat(field, ": ", path, resolved == path ? "" : absl::StrCat(" (resolves to ", resolved, ")"),
-                   " is outside this worker's --allowed-roots ", ToString()));
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": ", path, resolved == path ? "" : absl::StrCat(" (resolves to ", resolved, ")"),
+      " is outside this worker's --allowed-roots ", ToString()));
 }
 
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const AllowedRoots& roots) {

@@ -44,7 +44,8 @@ TEST_F(AllowedRootsTest, ResolvesDotDotAndSymlinksBeforeComparing) {
   absl::Status dotdot = roots->Check("data.text.paths[0]", P("root/data/../../outside/secret"));
   EXPECT_EQ(dotdot.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(dotdot.message()), HasSubstr("data.text.paths[0]: "));
-  EXPECT_THAT(std::string(dotdot.message()), HasSubstr(absl::StrCat("resolves to ", P("outside/secret"))));
+  EXPECT_THAT(std::string(dotdot.message()),
+              HasSubstr(absl::StrCat("resolves to ", P("outside/secret"))));
   EXPECT_THAT(std::string(dotdot.message()), HasSubstr("--allowed-roots"));
 
   fs::create_symlink(P("outside"), P("root/link"));
@@ -69,7 +70,8 @@ TEST_F(AllowedRootsTest, ParseAndSeveralRoots) {
   EXPECT_FALSE(none->restricted());
   EXPECT_TRUE(none->Check("f", "/etc/shadow").ok());
   EXPECT_EQ(AllowedRoots::Parse(P("missing")).status().code(), absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<AllowedRoots> two = AllowedRoots::Parse(absl::StrCat(P("root/data"), ", ", P("outside")));
+  absl::StatusOr<AllowedRoots> two =
+      AllowedRoots::Parse(absl::StrCat(P("root/data"), ", ", P("outside")));
   ASSERT_TRUE(two.ok()) << two.status();
   EXPECT_TRUE(two->Check("f", P("outside/secret")).ok());
   EXPECT_TRUE(two->Check("f", P("root/data/a.txt")).ok());
