@@ -21,18 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Every file under `dir` with its content: what "deletes nothing, changes nothing" compares.
 std::map<std::string, std::string> Snapshot(const std::string& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = ReadAll(e.path());
+    if (e.is_regular_file())
+      files[fs::relative(e.path(), dir).string()] = testing::ReadFile(e.path());
   }
   return files;
 }
@@ -92,8 +86,7 @@ TEST_F(JobPathsTest, DataOutsideAllowedRootsFailsTheJobCleanly) {
   int exit_code = 0;
   v1::Job direct = RunLimited(TextSpec(outside_ + "/shadow"), &exit_code);
   EXPECT_EQ(direct.state(), v1::FAILED);
-  EXPECT_NE(direct.message().find("data.text.paths[0]: " + outside_ + "/shadow"),
-            std::string::npos)
+  EXPECT_NE(direct.message().find("data.text.paths[0]: " + outside_ + "/shadow"), std::string::npos)
       << direct.message();
   EXPECT_NE(direct.message().find("--allowed-roots " + root_), std::string::npos);
   EXPECT_EQ(direct.progress().optimizer_update_id(), 0);
@@ -149,14 +142,13 @@ TEST_F(JobPathsTest, TwoJobsCannotShareACheckpointDir) {
   ASSERT_TRUE(first.ok()) << first.status();
   absl::StatusOr<std::string> second = cluster_->Submit(MlpSpec(ckpt + "/", 3));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
-  EXPECT_NE(second.status().message().find("checkpoint directory of " + *first),
-            std::string::npos)
+  EXPECT_NE(second.status().message().find("checkpoint directory of " + *first), std::string::npos)
       << second.status();
 
   ASSERT_TRUE(cluster_->StartWorker(*first, {"--allowed-roots", root_}).ok());
   absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*first, absl::Seconds(120));
   ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
-  EXPECT_EQ(ReadAll(ckpt + "/" + ckpt::kClaimFile), *first + "\n");
+  EXPECT_EQ(testing::ReadFile(ckpt + "/" + ckpt::kClaimFile), *first + "\n");
   const std::map<std::string, std::string> before = Snapshot(ckpt);
 
   v1::Job later = RunLimited(MlpSpec(ckpt, 3));

@@ -23,21 +23,9 @@ using testing::BinDir;
 using testing::ProcessCluster;
 using testing::RunToExit;
 
-std::string TempDir(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-", name, "-", getpid()))
-      .string();
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The coordinator's resident set, from /proc.
 int64_t RssBytes(pid_t pid) {
-  std::istringstream status(ReadAll(absl::StrCat("/proc/", pid, "/status")));
+  std::istringstream status(testing::ReadFile(absl::StrCat("/proc/", pid, "/status")));
   std::string line;
   while (std::getline(status, line)) {
     if (line.rfind("VmRSS:", 0) != 0) continue;
@@ -80,7 +68,7 @@ std::pair<int, std::string> CliJobList(ProcessCluster& c) {
                  absl::StrCat(BinDir(), "/trainstep --coordinator ", c.address(),
                               " job list -o json > ", out, " 2> ", c.dir(), "/cli.err")},
                 c.dir() + "/cli.log", absl::Seconds(60));
-  return {code.ok() ? *code : -1, ReadAll(out) + ReadAll(c.dir() + "/cli.err")};
+  return {code.ok() ? *code : -1, testing::ReadFile(out) + testing::ReadFile(c.dir() + "/cli.err")};
 }
 
 int CountOf(const std::string& text, const std::string& needle) {
@@ -94,7 +82,7 @@ int CountOf(const std::string& text, const std::string& needle) {
 // RESOURCE_EXHAUSTED naming the flag, the RSS stays bounded, and a key limit (lowered here
 // so the test sends thousands of calls, not 100 k) refuses the key past it.
 TEST(LimitsProcessTest, StoreLimitsHoldUnderTheProbesLoad) {
-  const std::string dir = TempDir("store-limits");
+  const std::string dir = testing::TempDir("store-limits");
   absl::StatusOr<std::unique_ptr<ProcessCluster>> c =
       ProcessCluster::Start(dir, absl::Seconds(10), {"--store-max-keys=3000"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -150,7 +138,7 @@ TEST(LimitsProcessTest, StoreLimitsHoldUnderTheProbesLoad) {
 // than max". Now they are refused (INVALID_ARGUMENT naming --max-request-id-bytes); and a
 // list larger than the message limit (five ~900 KB specs) is paged, which the CLI follows.
 TEST(LimitsProcessTest, HugeRequestIdsAreRefusedAndBigListsArePaged) {
-  const std::string dir = TempDir("list-limits");
+  const std::string dir = testing::TempDir("list-limits");
   absl::StatusOr<std::unique_ptr<ProcessCluster>> c = ProcessCluster::Start(dir);
   ASSERT_TRUE(c.ok()) << c.status();
   for (int i = 0; i < 2; ++i) {
@@ -176,7 +164,7 @@ TEST(LimitsProcessTest, HugeRequestIdsAreRefusedAndBigListsArePaged) {
 // higher limits (60 KB request ids, 4 jobs) replays after the limits are lowered, and the
 // list still works.
 TEST(LimitsProcessTest, MaxJobsAndRestartUnderLoweredLimits) {
-  const std::string dir = TempDir("max-jobs");
+  const std::string dir = testing::TempDir("max-jobs");
   absl::StatusOr<std::unique_ptr<ProcessCluster>> c = ProcessCluster::Start(
       dir, absl::Seconds(10), {"--max-jobs=4", "--max-request-id-bytes=65536"});
   ASSERT_TRUE(c.ok()) << c.status();

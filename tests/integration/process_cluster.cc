@@ -29,13 +29,6 @@ void Nap(absl::Duration d) {
   std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -43,6 +36,18 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 }  // namespace
 
 std::string BinDir() { return TRAINSTEP_TEST_BIN_DIR; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempDir(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-", name, "-", getpid()))
+      .string();
+}
 
 absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::string& log,
                               absl::Duration timeout, std::optional<uid_t> uid) {

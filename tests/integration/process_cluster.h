@@ -19,6 +19,10 @@ namespace trainstep::testing {
 
 // Where the binaries are (build/bin), set by CMake.
 std::string BinDir();
+// A file's content; "" if it cannot be read.
+std::string ReadFile(const std::string& path);
+// /tmp/trainstep-<name>-<pid>: a test's directory (not created).
+std::string TempDir(const std::string& name);
 
 // Runs `argv` to its end with stdout and stderr in `log`, as user `uid` when set (root drops
 // its privileges, so that file permissions apply). Returns the exit code, 128 + the signal
