@@ -2,6 +2,7 @@
 // a spec naming files outside the worker's --allowed-roots (directly, through "..", or
 // through a symlink inside a root) fails cleanly, naming the field; a checkpoint directory
 // holding another job's checkpoints is left untouched; two jobs cannot share one directory.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
