@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -117,6 +118,9 @@ TEST(LimitsProcessTest, StoreLimitsHoldUnderTheProbesLoad) {
       << refused.error_message();
   const int64_t grown = RssBytes((*c)->coordinator_pid()) - rss_before;
   EXPECT_LT(grown, 140 << 20) << "RSS grew by " << grown << " bytes";  // the probe: 176 MB
+  std::cout << "coordinator RSS " << rss_before / 1'000'000 << " MB -> "
+            << (rss_before + grown) / 1'000'000 << " MB after 201 x 1 MB StoreSet (" << stored
+            << " stored)\n";
 
   int keys = 0;
   for (int i = 0; i < 3100 && keys < 4000; ++i) {
