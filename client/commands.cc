@@ -39,6 +39,26 @@ grpc::Status Call(const CommandContext& ctx, Method method, const Req& req, Resp
   return (ctx.stub->*method)(&call, req, resp);
 }
 
+// Every page of a list call, merged into `all`: the server pages lists so that each response
+// fits gRPC's message limit. A token that does not move is the server's bug, not a loop.
+template <typename Req, typename Resp, typename Method>
+grpc::Status CallAllPages(const CommandContext& ctx, Method method, Req req, Resp* all) {
+  while (true) {
+    Resp page;
+    grpc::Status s = Call(ctx, method, req, &page);
+    if (!s.ok()) return s;
+    const std::string next = page.next_page_token();
+    all->MergeFrom(page);
+    all->clear_next_page_token();
+    if (next.empty()) return grpc::Status::OK;
+    if (next == req.page_token()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          "the coordinator returned the same page token twice");
+    }
+    req.set_page_token(next);
+  }
+}
+
 void PrintError(const CommandContext& ctx, const std::string& message) {
   *ctx.err << Colorize("error:", Color::kRed, ctx.color_err) << " " << message << "\n";
 }
@@ -351,7 +371,7 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
 int JobList(const CommandContext& ctx) {
   v1::ListJobsResponse resp;
   grpc::Status s =
-      Call(ctx, &v1::JobService::StubInterface::ListJobs, v1::ListJobsRequest(), &resp);
+      CallAllPages(ctx, &v1::JobService::StubInterface::ListJobs, v1::ListJobsRequest(), &resp);
   if (!s.ok()) return ReportRpcError(ctx, s);
   if (ctx.output == Output::kJson) {
     *ctx.out << JsonArray(resp.jobs(), /*pretty=*/true);
@@ -625,7 +645,7 @@ int WorkerList(const CommandContext& ctx, const std::string& job_id) {
   v1::ListWorkersRequest req;
   req.set_job_id(job_id);
   v1::ListWorkersResponse resp;
-  grpc::Status s = Call(ctx, &v1::JobService::StubInterface::ListWorkers, req, &resp);
+  grpc::Status s = CallAllPages(ctx, &v1::JobService::StubInterface::ListWorkers, req, &resp);
   if (!s.ok()) return ReportRpcError(ctx, s);
   if (ctx.output == Output::kJson) {
     *ctx.out << JsonArray(resp.workers(), /*pretty=*/true);

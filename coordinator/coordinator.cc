@@ -60,7 +60,7 @@ absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string&
 // --- Lifecycle ---
 
 Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)), registry_(options_.machine) {}
+    : options_(std::move(options)), registry_(options_.machine, options_.limits) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options) {
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options)));
@@ -182,8 +182,14 @@ uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out)
         StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
       }
       if (record.has_job_ended()) stores_.erase(record.job_ended().job_id());
-      job_states_changed |=
-          record.has_job_submitted() || record.has_job_ended() || record.has_generation_formed();
+      if (record.has_job_forgotten()) {
+        LogInfo(absl::StrCat("forgot finished job ", record.job_forgotten().job_id(),
+                             " (--max-jobs ", options_.limits.max_jobs, ")"));
+        stores_.erase(record.job_forgotten().job_id());
+        seen_versions_.erase(record.job_forgotten().job_id());
+      }
+      job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
+                            record.has_generation_formed() || record.has_job_forgotten();
       if (options_.metrics != nullptr) {
         const std::string job_id = JobIdOf(record);
         absl::StatusOr<v1::Job> job = registry_.Get(job_id);
@@ -280,7 +286,10 @@ void Coordinator::SyncerLoop() {
   }
 }
 
-KvStore& Coordinator::StoreOf(const std::string& job_id) { return stores_[job_id]; }
+KvStore& Coordinator::StoreOf(const std::string& job_id) {
+  const Limits& limits = options_.limits;
+  return stores_.try_emplace(job_id, limits.store_max_keys, limits.store_max_bytes).first->second;
+}
 
 absl::Time Coordinator::Tick() {
   std::vector<Completion> completions;
@@ -339,15 +348,12 @@ void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
       std::move(done), nullptr);
 }
 
-void Coordinator::ListJobs(Done<v1::ListJobsResponse> done) {
+void Coordinator::ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResponse> done) {
   Run<v1::ListJobsResponse>(
       "",
-      [this](absl::Time now) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
-        v1::ListJobsResponse resp;
-        for (v1::Job& j : registry_.List()) {
-          AddThroughput(registry_, now, &j);
-          *resp.add_jobs() = std::move(j);
-        }
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
+        ASSIGN_OR_RETURN(v1::ListJobsResponse resp, registry_.ListJobs(req));
+        for (v1::Job& j : *resp.mutable_jobs()) AddThroughput(registry_, now, &j);
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);
@@ -357,7 +363,7 @@ void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done)
   Run<v1::Job>(
       req.job_id(),
       [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req.job_id(), now));
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req, now));
         AddThroughput(registry_, now, &job);
         return Ready(std::move(job));
       },
@@ -380,11 +386,7 @@ void Coordinator::ListWorkers(const v1::ListWorkersRequest& req,
   Run<v1::ListWorkersResponse>(
       "",
       [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
-        if (!req.job_id().empty()) RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        v1::ListWorkersResponse resp;
-        for (v1::WorkerInfo& w : registry_.ListWorkers(req.job_id())) {
-          *resp.add_workers() = std::move(w);
-        }
+        ASSIGN_OR_RETURN(v1::ListWorkersResponse resp, registry_.ListWorkersPage(req));
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);
@@ -517,8 +519,7 @@ void Coordinator::ReportFailure(const v1::ReportFailureRequest& req,
   Run<v1::ReportFailureResponse>(
       req.job_id(),
       [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportFailureResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        RETURN_IF_ERROR(m->ReportFailure(req, now));
+        RETURN_IF_ERROR(registry_.ReportFailure(req, now));
         return Ready(v1::ReportFailureResponse());
       },
       std::move(done), nullptr);
@@ -531,7 +532,7 @@ void Coordinator::StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResp
       req.job_id(),
       [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreSetResponse>> {
         RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        StoreOf(req.job_id()).Set(req.key(), req.value());
+        RETURN_IF_ERROR(StoreOf(req.job_id()).Set(req.key(), req.value()));
         return Ready(v1::StoreSetResponse());
       },
       std::move(done), nullptr);
@@ -574,7 +575,9 @@ void Coordinator::StoreCompareSet(const v1::StoreCompareSetRequest& req,
       [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCompareSetResponse>> {
         RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
         v1::StoreCompareSetResponse resp;
-        resp.set_value(StoreOf(req.job_id()).CompareSet(req.key(), req.expected(), req.desired()));
+        ASSIGN_OR_RETURN(
+            *resp.mutable_value(),
+            StoreOf(req.job_id()).CompareSet(req.key(), req.expected(), req.desired()));
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);

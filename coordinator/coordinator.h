@@ -27,6 +27,7 @@
 #include "coordinator/job_registry.h"
 #include "coordinator/journal.h"
 #include "coordinator/kv_store.h"
+#include "coordinator/limits.h"
 #include "coordinator/metrics.h"
 
 namespace trainstep {
@@ -62,6 +63,7 @@ struct WatchBatch {
 struct CoordinatorOptions {
   std::string state_dir;  // the journal's directory
   MachineOptions machine;
+  Limits limits;
   uint64_t snapshot_every_records = 10000;
   Clock* clock = RealClock::Get();
   Env* env = Env::Default();
@@ -85,7 +87,7 @@ class Coordinator {
   // --- JobService ---
   void SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done);
   void GetJob(const v1::GetJobRequest& req, Done<v1::Job> done);
-  void ListJobs(Done<v1::ListJobsResponse> done);
+  void ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResponse> done);
   void CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done);
   void ListUpdates(const v1::ListUpdatesRequest& req, Done<v1::ListUpdatesResponse> done);
   void ListWorkers(const v1::ListWorkersRequest& req, Done<v1::ListWorkersResponse> done);

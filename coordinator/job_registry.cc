@@ -1,6 +1,7 @@
 #include "coordinator/job_registry.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -18,11 +19,23 @@ constexpr char kWorkerPrefix[] = "w-";
 constexpr int32_t kDefaultPageSize = 1000;
 constexpr int32_t kMaxPageSize = 10000;
 
+// The same directory however the spec spells it ("a/./b/" is "a/b"). The coordinator cannot
+// see the workers' file systems, so symlinks are the workers' check (the claim marker).
+std::string CheckpointDirKey(const std::string& dir) {
+  std::string key = std::filesystem::path(dir).lexically_normal().string();
+  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  return key;
+}
+
 // "job-12" -> 12; 0 when the id has another shape.
 int64_t IdNumber(absl::string_view id, absl::string_view prefix) {
   int64_t n = 0;
   if (!absl::ConsumePrefix(&id, prefix) || !absl::SimpleAtoi(id, &n)) return 0;
   return n;
+}
+
+absl::Status CheckRequestId(const std::string& request_id, const Limits& limits) {
+  return CheckSize("request_id", request_id, limits.max_request_id_bytes, "--max-request-id-bytes");
 }
 
 }  // namespace
@@ -47,6 +60,8 @@ std::string JobIdOf(const v1::JournalRecord& record) {
       return record.checkpoint_durable().job_id();
     case v1::JournalRecord::kEvalEnded:
       return record.eval_ended().job_id();
+    case v1::JournalRecord::kJobForgotten:
+      return record.job_forgotten().job_id();
     case v1::JournalRecord::KIND_NOT_SET:
       break;
   }
@@ -56,6 +71,7 @@ std::string JobIdOf(const v1::JournalRecord& record) {
 std::string JobRegistry::NewJobId() { return absl::StrCat(kJobPrefix, next_job_number_); }
 
 absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(CheckRequestId(req.request_id(), limits_));
   v1::JobSpec resolved;
   switch (req.source_case()) {
     case v1::SubmitJobRequest::kSpecJson: {
@@ -83,6 +99,34 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
       }
       return earlier;
     }
+  }
+  RETURN_IF_ERROR(CheckSize("name", resolved.name(), limits_.max_name_bytes, "--max-name-bytes"));
+  if (const int64_t bytes = static_cast<int64_t>(resolved.ByteSizeLong());
+      bytes > limits_.max_spec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the resolved spec is ", bytes,
+                                                   " bytes; the limit is ", limits_.max_spec_bytes,
+                                                   " (--max-spec-bytes): refer to data by path"));
+  }
+  if (!resolved.checkpoint().dir().empty()) {
+    const std::string dir = CheckpointDirKey(resolved.checkpoint().dir());
+    for (const auto& [id, m] : jobs_) {
+      if (m->terminal()) continue;
+      const v1::Job other_job = m->Job();
+      const std::string& other = other_job.spec().checkpoint().dir();
+      if (!other.empty() && CheckpointDirKey(other) == dir) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint.dir \"", resolved.checkpoint().dir(), "\" is the checkpoint directory of ",
+            id, ", which is still ", v1::JobState_Name(other_job.state()),
+            "; two jobs in one directory would overwrite and prune each other's checkpoints "
+            "(give this job its own directory)"));
+      }
+    }
+  }
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(limits_.max_jobs, 1));
+  if (!ForgetFinishedBeyond(keep)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator holds ", jobs_.size(), " jobs and none has finished; the limit is ",
+        limits_.max_jobs, " (--max-jobs): wait for or cancel one"));
   }
   v1::Job job;
   job.set_job_id(NewJobId());
@@ -129,8 +173,28 @@ std::vector<v1::Job> JobRegistry::List() const {
   return out;
 }
 
-absl::StatusOr<v1::Job> JobRegistry::Cancel(const std::string& job_id, absl::Time now) {
-  ASSIGN_OR_RETURN(StepMachine * m, Machine(job_id));
+absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsRequest& req) const {
+  ASSIGN_OR_RETURN(const PageRequest page, ParsePageRequest(req.page_size(), req.page_token(),
+                                                            kDefaultPageSize, kMaxPageSize));
+  v1::ListJobsResponse resp;
+  int64_t bytes = 0;
+  for (const std::string& id : job_order_) {
+    if (IdNumber(id, kJobPrefix) <= page.token) continue;
+    v1::Job job = jobs_.at(id)->Job();
+    const int64_t size = static_cast<int64_t>(job.ByteSizeLong());
+    if (!PageHasRoom(resp.jobs_size(), bytes, size, page, limits_.list_page_bytes)) {
+      resp.set_next_page_token(absl::StrCat(IdNumber(resp.jobs().rbegin()->job_id(), kJobPrefix)));
+      break;
+    }
+    bytes += size;
+    *resp.add_jobs() = std::move(job);
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Cancel(const v1::CancelJobRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(CheckRequestId(req.request_id(), limits_));
+  ASSIGN_OR_RETURN(StepMachine * m, Machine(req.job_id()));
   RETURN_IF_ERROR(m->Cancel(now));
   return m->Job();
 }
@@ -138,19 +202,12 @@ absl::StatusOr<v1::Job> JobRegistry::Cancel(const std::string& job_id, absl::Tim
 absl::StatusOr<v1::ListUpdatesResponse> JobRegistry::ListUpdates(
     const v1::ListUpdatesRequest& req) const {
   ASSIGN_OR_RETURN(const StepMachine* m, Machine(req.job_id()));
-  if (req.page_size() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size must be ≥ 0, got ", req.page_size()));
-  }
-  const int32_t size =
-      req.page_size() == 0 ? kDefaultPageSize : std::min(req.page_size(), kMaxPageSize);
-  int64_t start = 0;
-  if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &start) || start < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_token \"", req.page_token(), "\" is not one this server issued"));
-  }
+  ASSIGN_OR_RETURN(const PageRequest page, ParsePageRequest(req.page_size(), req.page_token(),
+                                                            kDefaultPageSize, kMaxPageSize));
+  const int64_t start = std::max<int64_t>(page.token, 0);
   const std::vector<v1::UpdateRecord>& updates = m->updates();
   v1::ListUpdatesResponse resp;
-  const int64_t end = std::min<int64_t>(start + size, static_cast<int64_t>(updates.size()));
+  const int64_t end = std::min<int64_t>(start + page.size, static_cast<int64_t>(updates.size()));
   for (int64_t i = start; i < end; ++i) *resp.add_updates() = updates[i];
   if (end < static_cast<int64_t>(updates.size())) resp.set_next_page_token(absl::StrCat(end));
   return resp;
@@ -165,8 +222,62 @@ std::vector<v1::WorkerInfo> JobRegistry::ListWorkers(const std::string& job_id) 
   return out;
 }
 
+absl::StatusOr<v1::ListWorkersResponse> JobRegistry::ListWorkersPage(
+    const v1::ListWorkersRequest& req) const {
+  if (!req.job_id().empty()) RETURN_IF_ERROR(Machine(req.job_id()).status());
+  ASSIGN_OR_RETURN(const PageRequest page, ParsePageRequest(req.page_size(), req.page_token(),
+                                                            kDefaultPageSize, kMaxPageSize));
+  // The token is a position in the list: a job forgotten between pages can shift it (a
+  // worker listed twice or skipped), which a listing for humans tolerates.
+  std::vector<v1::WorkerInfo> all = ListWorkers(req.job_id());
+  v1::ListWorkersResponse resp;
+  int64_t bytes = 0;
+  for (int64_t i = std::max<int64_t>(page.token, 0); i < static_cast<int64_t>(all.size()); ++i) {
+    const int64_t size = static_cast<int64_t>(all[i].ByteSizeLong());
+    if (!PageHasRoom(resp.workers_size(), bytes, size, page, limits_.list_page_bytes)) {
+      resp.set_next_page_token(absl::StrCat(i));
+      break;
+    }
+    bytes += size;
+    *resp.add_workers() = std::move(all[i]);
+  }
+  return resp;
+}
+
+bool JobRegistry::ForgetFinishedBeyond(size_t keep) {
+  while (jobs_.size() >= keep) {
+    auto oldest = std::find_if(job_order_.begin(), job_order_.end(),
+                               [this](const std::string& id) { return jobs_.at(id)->terminal(); });
+    if (oldest == job_order_.end()) return false;
+    const std::string id = *oldest;
+    v1::JournalRecord record;
+    record.mutable_job_forgotten()->set_job_id(id);
+    Forget(id);
+    pending_.push_back(std::move(record));
+  }
+  return true;
+}
+
+void JobRegistry::Forget(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  const std::string request_id = it->second->Job().request_id();
+  if (!request_id.empty()) job_by_request_.erase(request_id);
+  for (auto w = job_of_worker_.begin(); w != job_of_worker_.end();) {
+    w = w->second == job_id ? job_of_worker_.erase(w) : std::next(w);
+  }
+  for (auto w = worker_by_request_.begin(); w != worker_by_request_.end();) {
+    w = job_of_worker_.count(w->second) == 0 ? worker_by_request_.erase(w) : std::next(w);
+  }
+  job_order_.erase(std::find(job_order_.begin(), job_order_.end(), job_id));
+  jobs_.erase(it);
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> JobRegistry::RegisterWorker(
     const v1::RegisterWorkerRequest& req, absl::Time now) {
+  RETURN_IF_ERROR(CheckRequestId(req.request_id(), limits_));
+  RETURN_IF_ERROR(CheckSize("name", req.name(), limits_.max_name_bytes, "--max-name-bytes"));
+  RETURN_IF_ERROR(CheckSize("host", req.host(), limits_.max_name_bytes, "--max-name-bytes"));
   std::string worker_id;
   if (!req.request_id().empty()) {
     auto it = worker_by_request_.find(req.request_id());
@@ -216,8 +327,15 @@ void JobRegistry::IndexWorker(const std::string& worker_id, const std::string& j
   next_worker_number_ = std::max(next_worker_number_, IdNumber(worker_id, kWorkerPrefix) + 1);
 }
 
+absl::Status JobRegistry::ReportFailure(v1::ReportFailureRequest req, absl::Time now) {
+  ASSIGN_OR_RETURN(StepMachine * m, Machine(req.job_id()));
+  req.set_message(TruncateMessage(std::move(*req.mutable_message()), limits_.max_message_bytes));
+  return m->ReportFailure(req, now);
+}
+
 void JobRegistry::Recovered(absl::Time now) {
   for (auto& [id, m] : jobs_) m->Recovered(now);
+  ForgetFinishedBeyond(static_cast<size_t>(std::max<int64_t>(limits_.max_jobs, 1)) + 1);
 }
 
 std::optional<absl::Duration> JobRegistry::Tick(absl::Time now) {
@@ -255,6 +373,10 @@ std::vector<v1::JournalRecord> JobRegistry::TakeRecords() {
 }
 
 void JobRegistry::Apply(const v1::JournalRecord& record) {
+  if (record.has_job_forgotten()) {
+    Forget(record.job_forgotten().job_id());
+    return;
+  }
   if (record.has_job_submitted()) {
     std::unique_ptr<StepMachine> m = StepMachine::FromSubmitted(options_, record.job_submitted());
     Index(*m);

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/limits.h"
 #include "coordinator/step_machine.h"
 #include "trainstep/v1/job_service.pb.h"
 #include "trainstep/v1/journal.pb.h"
@@ -24,19 +25,32 @@ std::string JobIdOf(const v1::JournalRecord& record);
 
 class JobRegistry {
  public:
-  explicit JobRegistry(const MachineOptions& options) : options_(options) {}
+  explicit JobRegistry(const MachineOptions& options, const Limits& limits = Limits())
+      : options_(options), limits_(limits) {}
 
   // --- JobService ---
+  // Refuses oversized request ids, names and specs (INVALID_ARGUMENT), a checkpoint dir a
+  // live job already uses (FAILED_PRECONDITION naming it), and a job beyond --max-jobs when
+  // every retained job is live (RESOURCE_EXHAUSTED); otherwise forgets the oldest finished
+  // jobs to make room.
   absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& req, absl::Time now);
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+  // Every job, in submission order (for metrics; RPCs page with ListJobs).
   std::vector<v1::Job> List() const;
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, absl::Time now);
+  // A page of jobs within the page size and Limits::list_page_bytes; its token is the number
+  // of the last job in it, so jobs forgotten between pages shift nothing.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;
+  absl::StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& req, absl::Time now);
   absl::StatusOr<v1::ListUpdatesResponse> ListUpdates(const v1::ListUpdatesRequest& req) const;
   std::vector<v1::WorkerInfo> ListWorkers(const std::string& job_id) const;
+  // A page of ListWorkers(req.job_id()); NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const v1::ListWorkersRequest& req) const;
 
   // --- WorkerService ---
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req,
                                                             absl::Time now);
+  // The worker's failure, its message truncated to Limits::max_message_bytes.
+  absl::Status ReportFailure(v1::ReportFailureRequest req, absl::Time now);
   // The job's machine, or NOT_FOUND naming the id.
   absl::StatusOr<StepMachine*> Machine(const std::string& job_id);
   absl::StatusOr<const StepMachine*> Machine(const std::string& job_id) const;
@@ -60,7 +74,8 @@ class JobRegistry {
   v1::CoordinatorSnapshot Snapshot() const;
   void Restore(const v1::CoordinatorSnapshot& snapshot, absl::Time now);
   // After a replay: every machine's Recovered (leases restart at `now`: the workers were
-  // alive when we went down).
+  // alive when we went down), then the oldest finished jobs beyond --max-jobs are forgotten
+  // (a journal written under a higher limit replays in full first).
   void Recovered(absl::Time now);
 
  private:
@@ -68,8 +83,13 @@ class JobRegistry {
   void IndexWorker(const std::string& worker_id, const std::string& job_id,
                    const std::string& request_id);
   std::string NewJobId();
+  // Forgets finished jobs, oldest first, until fewer than `keep` remain; false if only live
+  // ones are left and there are still `keep` or more.
+  bool ForgetFinishedBeyond(size_t keep);
+  void Forget(const std::string& job_id);
 
   MachineOptions options_;
+  Limits limits_;
   std::map<std::string, std::unique_ptr<StepMachine>> jobs_;  // by id
   std::vector<std::string> job_order_;                        // submission order
   std::map<std::string, std::string> job_by_request_;         // request_id -> job_id

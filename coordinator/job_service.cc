@@ -119,10 +119,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext*,
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext*,
-                                                   const v1::ListJobsRequest*,
+                                                   const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
   return ServeUnary(resp, [&](Done<v1::ListJobsResponse> done, std::shared_ptr<CallHandle>) {
-    c_->ListJobs(std::move(done));
+    c_->ListJobs(*req, std::move(done));
   });
 }
 

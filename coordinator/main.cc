@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/event_log.h"
+#include "coordinator/limits.h"
 #include "coordinator/prometheus_metrics.h"
 #include "coordinator/server.h"
 
@@ -33,6 +34,21 @@ ABSL_FLAG(int64_t, snapshot_every, 10000, "snapshot the journal after this many 
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000,
           "on SIGTERM, how long in-flight calls may take before they are cancelled");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
+ABSL_FLAG(int64_t, max_request_id_bytes, trainstep::Limits().max_request_id_bytes,
+          "longest request_id accepted (SubmitJob, CancelJob, RegisterWorker)");
+ABSL_FLAG(int64_t, max_name_bytes, trainstep::Limits().max_name_bytes,
+          "longest job name, worker name and worker host accepted");
+ABSL_FLAG(int64_t, max_message_bytes, trainstep::Limits().max_message_bytes,
+          "a worker's failure message is truncated to this many bytes");
+ABSL_FLAG(int64_t, max_spec_bytes, trainstep::Limits().max_spec_bytes,
+          "largest resolved job spec accepted (serialized protobuf bytes)");
+ABSL_FLAG(int64_t, max_jobs, trainstep::Limits().max_jobs,
+          "jobs retained; beyond it the oldest finished job is forgotten, and a submit is "
+          "refused when every retained job is still live");
+ABSL_FLAG(int64_t, store_max_keys, trainstep::Limits().store_max_keys,
+          "keys one job's rendezvous key-value store may hold");
+ABSL_FLAG(int64_t, store_max_bytes, trainstep::Limits().store_max_bytes,
+          "bytes (keys + values) one job's rendezvous key-value store may hold");
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext gRPC on a non-loopback address (inside a private network only)");
 
@@ -74,6 +90,15 @@ int Main(int argc, char** argv) {
     return Fail("--worker_lease_ms must be ≥ 100");
   }
   if (absl::GetFlag(FLAGS_snapshot_every) < 1) return Fail("--snapshot_every must be ≥ 1");
+  Limits limits;
+  limits.max_request_id_bytes = absl::GetFlag(FLAGS_max_request_id_bytes);
+  limits.max_name_bytes = absl::GetFlag(FLAGS_max_name_bytes);
+  limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  limits.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
+  limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  limits.store_max_keys = absl::GetFlag(FLAGS_store_max_keys);
+  limits.store_max_bytes = absl::GetFlag(FLAGS_store_max_bytes);
+  if (absl::Status s = ValidateLimits(limits); !s.ok()) return Fail(std::string(s.message()));
 
   // Signals go to one thread, which starts the drain.
   sigset_t signals;
@@ -99,6 +124,7 @@ int Main(int argc, char** argv) {
   options.machine.worker_lease = absl::Milliseconds(absl::GetFlag(FLAGS_worker_lease_ms));
   options.snapshot_every_records = static_cast<uint64_t>(absl::GetFlag(FLAGS_snapshot_every));
   options.metrics = &metrics;
+  options.limits = limits;
   absl::StatusOr<std::unique_ptr<Coordinator>> opened = Coordinator::Open(options);
   if (!opened.ok()) {
     return Fail(absl::StrCat("cannot open the journal in ", options.state_dir, ": ",

@@ -195,6 +195,7 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
       }
       break;
     }
+    case v1::JournalRecord::kJobForgotten:  // the registry's record
     case v1::JournalRecord::KIND_NOT_SET:
       break;
   }

@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/allowed_roots.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "worker/device.h"
@@ -20,6 +21,9 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address host:port (default: $TRAINSTEP_COORDINATOR, else 127.0.0.1:7070)");
+ABSL_FLAG(std::string, allowed_roots, "",
+          "DIR[,DIR…]: the only directories a job's data, model and checkpoint paths may be in "
+          "(after resolving .. and symlinks); empty = any path the worker's user can reach");
 ABSL_FLAG(std::string, job, "", "job id to join (default: the oldest job that needs workers)");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Minutes(2),
           "how long to keep trying to register with a coordinator that does not answer (e.g. "
@@ -125,6 +129,20 @@ int Main(int argc, char** argv) {
     return 2;
   }
   options.name = absl::GetFlag(FLAGS_name);
+  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(absl::GetFlag(FLAGS_allowed_roots));
+  if (!roots.ok()) {
+    LogError(std::string(roots.status().message()));
+    return 2;
+  }
+  options.allowed_roots = std::move(*roots);
+  if (!options.allowed_roots.restricted()) {
+    LogWarning(
+        "no --allowed-roots: a job spec may make this worker read any file and write checkpoints "
+        "anywhere its user can; pass --allowed-roots DIR[,DIR…] outside a trusted setting");
+  } else {
+    LogInfo(absl::StrCat("job paths are limited to --allowed-roots ",
+                         options.allowed_roots.ToString()));
+  }
   options.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   options.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));

@@ -127,6 +127,11 @@ absl::Status Worker::Setup() {
   };
   client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
   RETURN_IF_ERROR(Register());
+  // Before anything reads or writes a path of the spec: it comes from whoever submitted it.
+  if (absl::Status s = CheckSpecPaths(spec_, options_.allowed_roots); !s.ok()) {
+    Fail(s);
+    return s;
+  }
   if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
   device_ = options_.collective.device;
   UseDeviceInThisThread(device_);
@@ -140,7 +145,7 @@ absl::Status Worker::Setup() {
   // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
   heartbeats_ = std::thread([this] { HeartbeatLoop(); });
 
-  absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_);
+  absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, options_.allowed_roots);
   if (!d.ok()) {
     Fail(d.status());
     return d.status();
@@ -302,6 +307,8 @@ absl::Status Worker::SyncState(const v1::Assignment& a) {
 
 absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                      int64_t scheduler_step, double loss_scale) {
+  // Claimed before anything is written there: the directory may hold another job's files.
+  RETURN_IF_ERROR(ckpt::ClaimCheckpointDir(spec_.checkpoint().dir(), job_id_));
   // The resolved spec beside the checkpoints makes them self-describing (--generate, resume).
   const std::string spec_path = SpecPathFor(spec_.checkpoint().dir());
   if (!std::filesystem::exists(spec_path)) {

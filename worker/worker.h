@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/allowed_roots.h"
 #include "common/worker_client.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/collective/collective.h"
@@ -36,6 +37,8 @@ struct WorkerOptions {
   CollectiveOptions collective;
   WorkerMetrics* metrics = nullptr;  // may be null
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
+  // Where a job's data, model and checkpoints may be (--allowed-roots); none = anywhere.
+  AllowedRoots allowed_roots;
   // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
   int64_t perturb_grad_window = 0;
   // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.

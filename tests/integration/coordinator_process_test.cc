@@ -18,18 +18,6 @@
 namespace trainstep {
 namespace {
 
-std::string TempDir(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-", name, "-", getpid()))
-      .string();
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // SIGTERM drains: a rank blocked in BeginWindow is answered (UNAVAILABLE, retryable) instead
 // of hanging, the process exits 0 within its grace period and says so in its log.
 // Catches: a shutdown that waits forever on barrier calls, or exits without flushing.
@@ -70,7 +58,7 @@ TEST(CoordinatorProcessTest, SigtermDrainsWaitingCallsAndExitsZero) {
 // offset where there is one, and exit 1, for a journal damaged mid-file, a read-only state
 // directory and a state "directory" that is a file.
 TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
-  const std::string dir = TempDir("badstate");
+  const std::string dir = testing::TempDir("badstate");
   const std::string state = dir + "/state";
   {
     absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
@@ -98,14 +86,14 @@ TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
   const std::optional<uid_t> unprivileged =
       geteuid() == 0 ? std::optional<uid_t>(65534) : std::nullopt;
   EXPECT_EQ(run(state, dir + "/readonly.log", unprivileged), 1);
-  std::string text = ReadAll(dir + "/readonly.log");
+  std::string text = testing::ReadFile(dir + "/readonly.log");
   EXPECT_NE(text.find("cannot open the journal in " + state), std::string::npos) << text;
   EXPECT_NE(text.find("Permission denied"), std::string::npos) << text;
   ASSERT_EQ(chmod(state.c_str(), 0755), 0);
   ASSERT_EQ(chmod(log_file.c_str(), 0644), 0);
 
   // One byte of the second record's length flipped: damage mid-file, refused untouched.
-  const std::string before = ReadAll(log_file);
+  const std::string before = testing::ReadFile(log_file);
   ASSERT_GT(before.size(), 100u);
   const size_t second =
       16 + 12 +
@@ -115,17 +103,17 @@ TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
     f.seekp(second);
     f.put(static_cast<char>(before[second] ^ 0x08));
   }
-  const std::string damaged = ReadAll(log_file);
+  const std::string damaged = testing::ReadFile(log_file);
   EXPECT_EQ(run(state, dir + "/corrupt.log"), 1);
-  text = ReadAll(dir + "/corrupt.log");
+  text = testing::ReadFile(dir + "/corrupt.log");
   EXPECT_NE(text.find(absl::StrCat(log_file, " is damaged at byte offset ", second, ":")),
             std::string::npos)
       << text;
-  EXPECT_EQ(ReadAll(log_file), damaged);  // nothing was changed
+  EXPECT_EQ(testing::ReadFile(log_file), damaged);  // nothing was changed
 
   // A file where the state directory should be.
   EXPECT_EQ(run(log_file, dir + "/file.log"), 1);
-  text = ReadAll(dir + "/file.log");
+  text = testing::ReadFile(dir + "/file.log");
   EXPECT_NE(text.find("cannot open the journal in " + log_file), std::string::npos) << text;
   std::filesystem::remove_all(dir);
 }
@@ -135,7 +123,7 @@ TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
 // were "declared lost" and the job failed. Now the stall is detected and the job succeeds
 // without losing anyone.
 TEST(CoordinatorProcessTest, PauseLongerThanTheLeaseDoesNotFailTheJob) {
-  const std::string dir = TempDir("pause");
+  const std::string dir = testing::TempDir("pause");
   absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
       testing::ProcessCluster::Start(dir, /*worker_lease=*/absl::Milliseconds(1000));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -173,7 +161,7 @@ TEST(CoordinatorProcessTest, PauseLongerThanTheLeaseDoesNotFailTheJob) {
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->message();
   EXPECT_EQ(done->progress().generation(), 1);  // nobody was lost
   EXPECT_EQ(done->progress().windows_aborted(), 0);
-  EXPECT_NE(ReadAll(dir + "/coordinator.log").find("did not run for"), std::string::npos)
+  EXPECT_NE(testing::ReadFile(dir + "/coordinator.log").find("did not run for"), std::string::npos)
       << (*c)->Logs();
   c->reset();
   std::filesystem::remove_all(dir);

@@ -29,13 +29,6 @@ void Nap(absl::Duration d) {
   std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::chrono::system_clock::time_point In(absl::Duration d) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -43,6 +36,18 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
 }  // namespace
 
 std::string BinDir() { return TRAINSTEP_TEST_BIN_DIR; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempDir(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-", name, "-", getpid()))
+      .string();
+}
 
 absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::string& log,
                               absl::Duration timeout, std::optional<uid_t> uid) {
@@ -100,19 +105,29 @@ absl::StatusOr<pid_t> ProcessCluster::Spawn(const std::vector<std::string>& argv
   return pid;
 }
 
-absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(const std::string& dir,
-                                                                      absl::Duration worker_lease) {
+absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(
+    const std::string& dir, absl::Duration worker_lease,
+    const std::vector<std::string>& coordinator_flags, bool keep_state) {
   std::unique_ptr<ProcessCluster> c(new ProcessCluster());
   c->dir_ = dir;
-  std::filesystem::remove_all(dir);
+  if (!keep_state) std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string ports = dir + "/ports.json";
-  absl::StatusOr<pid_t> pid =
-      c->Spawn({BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0", "--state-dir",
-                dir + "/state", "--metrics-listen", "127.0.0.1:0", "--port-file", ports,
-                absl::StrCat("--worker-lease-ms=", absl::ToInt64Milliseconds(worker_lease)),
-                "--shutdown-grace-ms=200"},
-               dir + "/coordinator.log");
+  std::filesystem::remove(ports);
+  std::vector<std::string> argv = {
+      BinDir() + "/trainstep-coordinator",
+      "--listen",
+      "127.0.0.1:0",
+      "--state-dir",
+      dir + "/state",
+      "--metrics-listen",
+      "127.0.0.1:0",
+      "--port-file",
+      ports,
+      absl::StrCat("--worker-lease-ms=", absl::ToInt64Milliseconds(worker_lease)),
+      "--shutdown-grace-ms=200"};
+  argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+  absl::StatusOr<pid_t> pid = c->Spawn(argv, dir + "/coordinator.log");
   if (!pid.ok()) return pid.status();
   c->coordinator_ = *pid;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);

@@ -19,6 +19,10 @@ namespace trainstep::testing {
 
 // Where the binaries are (build/bin), set by CMake.
 std::string BinDir();
+// A file's content; "" if it cannot be read.
+std::string ReadFile(const std::string& path);
+// /tmp/trainstep-<name>-<pid>: a test's directory (not created).
+std::string TempDir(const std::string& name);
 
 // Runs `argv` to its end with stdout and stderr in `log`, as user `uid` when set (root drops
 // its privileges, so that file permissions apply). Returns the exit code, 128 + the signal
@@ -28,9 +32,11 @@ absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::s
 
 class ProcessCluster {
  public:
-  // Starts trainstep-coordinator with its state in `dir` (created, emptied first).
+  // Starts trainstep-coordinator with its state in `dir` (created, emptied first unless
+  // `keep_state`: a restart over the same journal), with extra coordinator flags.
   static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(
-      const std::string& dir, absl::Duration worker_lease = absl::Seconds(10));
+      const std::string& dir, absl::Duration worker_lease = absl::Seconds(10),
+      const std::vector<std::string>& coordinator_flags = {}, bool keep_state = false);
   ~ProcessCluster();
 
   const std::string& address() const { return address_; }

@@ -141,6 +141,22 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(self.client.list(), self.cli_json("job", "list", "-o", "json"))
         self.assertIn(job_id, [j["job_id"] for j in self.client.list()])
 
+    # Catches: list() reading only the first page (the probe: a list beyond gRPC's 4 MiB message
+    # limit failed outright). Five ~900 KB specs need several pages; list() follows them and
+    # returns what `trainstep job list -o json` prints.
+    def test_list_follows_pages_beyond_the_message_limit(self):
+        with ProcessCluster("paging") as cluster, \
+                trainstep.Client(cluster.address, timeout=30) as client:
+            fat = dict(MLP_SPEC, data={"text": {"paths": [
+                f"/data/{i}-" + "p" * 990 for i in range(900)]}}, model={"tiny_gpt": {}})
+            ids = [client.submit(dict(fat, name=f"fat-{i}")) for i in range(5)]
+            listed = client.list()
+            self.assertEqual([j["job_id"] for j in listed], ids)
+            self.assertGreater(len(json.dumps(listed)), 4 << 20)
+            r = cluster.cli("job", "list", "-o", "json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(listed, json.loads(r.stdout))
+
     # Catches: an error class or exit code that differs from the CLI's for the same failure,
     # or a message that is not the coordinator's (the field) / the CLI's (a file, a size).
     def test_errors_match_the_cli(self):

@@ -146,8 +146,17 @@ absl::Status Publish(Env* env, const std::string& dir, const std::string& tmp,
   return env->SyncDir(dir);
 }
 
+// The job that wrote `path` (a ckpt-<id> or a leftover): its meta.json's, "" if unknown.
+std::string WriterOf(Env* env, const std::string& path) {
+  absl::StatusOr<std::string> json = env->ReadFile(JoinPath(path, kMetaFile));
+  if (!json.ok()) return "";
+  absl::StatusOr<CheckpointMeta> meta = CheckpointMetaFromJson(*json);
+  return meta.ok() ? meta->job_id : "";
+}
+
 // Best effort: a checkpoint that is durable stays written even if cleaning up fails.
-void Prune(Env* env, const std::string& dir, int64_t written_id, int keep_last) {
+void Prune(Env* env, const std::string& dir, int64_t written_id, int keep_last,
+           const std::string& job_id) {
   absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
   if (!names.ok()) {
     LogWarning(absl::StrCat("checkpoint retention: ", names.status().message()));
@@ -157,7 +166,8 @@ void Prune(Env* env, const std::string& dir, int64_t written_id, int keep_last) 
   std::vector<std::string> doomed;  // Paths to delete.
   for (const std::string& name : *names) {
     if (std::optional<int64_t> id = ParseCheckpointDirName(name)) {
-      ids.push_back(*id);
+      // Unreadable counts as another job's: when in doubt, keep it.
+      if (WriterOf(env, JoinPath(dir, name)) == job_id) ids.push_back(*id);
     } else if (std::optional<int64_t> left = ParseLeftoverName(name); left && *left < written_id) {
       doomed.push_back(JoinPath(dir, name));  // A crashed writer's, never to be renamed in now.
     }
@@ -202,6 +212,38 @@ void Prune(Env* env, const std::string& dir, int64_t written_id, int keep_last) 
 
 }  // namespace
 
+absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job_id, Env* env) {
+  const std::string marker = JoinPath(dir, kClaimFile);
+  if (env->FileExists(marker)) {
+    ASSIGN_OR_RETURN(std::string owner, env->ReadFile(marker));
+    absl::StripTrailingAsciiWhitespace(&owner);
+    if (owner == job_id) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir ", dir, " belongs to ", owner.empty() ? "another job" : owner, " (", marker,
+        "); ", job_id, " will neither write nor delete there: give it its own directory"));
+  }
+  if (!env->FileExists(dir)) {
+    RETURN_IF_ERROR(env->CreateDirs(dir));
+    RETURN_IF_ERROR(env->SyncDir(ParentDir(dir)));  // So `dir` itself survives a crash.
+  } else {
+    ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+    for (const std::string& name : names) {
+      if (!ParseCheckpointDirName(name) && !ParseLeftoverName(name)) continue;
+      const std::string writer = WriterOf(env, JoinPath(dir, name));
+      if (writer == job_id) continue;
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint.dir ", dir, " holds ", name, ", written by ",
+                       writer.empty() ? "an unknown job" : writer, "; ", job_id,
+                       " will neither write nor delete there: give it its own directory (or move ",
+                       name, " away)"));
+    }
+  }
+  const std::string tmp = absl::StrCat(marker, ".tmp-", ::getpid());
+  RETURN_IF_ERROR(WriteWholeFile(env, tmp, absl::StrCat(job_id, "\n")));
+  RETURN_IF_ERROR(env->RenameFile(tmp, marker));
+  return env->SyncDir(dir);
+}
+
 std::string CheckpointDirName(int64_t checkpoint_id) {
   return absl::StrCat(kDirPrefix, checkpoint_id);
 }
@@ -224,10 +266,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   const std::string tmp = LeftoverPath(dir, id, "tmp");
   const std::string aside = LeftoverPath(dir, id, "old");
 
-  if (!env->FileExists(dir)) {
-    RETURN_IF_ERROR(env->CreateDirs(dir));
-    RETURN_IF_ERROR(env->SyncDir(ParentDir(dir)));  // So `dir` itself survives a crash.
-  }
+  RETURN_IF_ERROR(ClaimCheckpointDir(dir, meta.job_id, env));
   // Left by an earlier process that had our pid.
   if (env->FileExists(tmp)) RETURN_IF_ERROR(RemoveCheckpointTree(env, tmp));
   RETURN_IF_ERROR(env->CreateDirs(tmp));
@@ -250,7 +289,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
     }
     return s;
   }
-  Prune(env, dir, id, keep_last);
+  Prune(env, dir, id, keep_last, meta.job_id);
   return final_path;
 }
 

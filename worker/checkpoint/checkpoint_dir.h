@@ -6,6 +6,11 @@
 // and only then is it renamed to ckpt-<id> and dir fsynced: a crash leaves either no ckpt-<id>
 // or a complete one, plus a dot-named leftover that readers ignore and later writes prune.
 // Not safe for two processes writing the same dir at once (only rank 0 writes checkpoints).
+//
+// A directory belongs to one job: dir/.trainstep-job holds its id (ClaimCheckpointDir), every
+// write checks it, and pruning deletes only ckpt-<id> whose meta.json names that job. So a
+// spec pointed at someone else's checkpoints, or a second job sharing a directory, deletes
+// nothing it did not write.
 #ifndef TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_DIR_H_
 #define TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_DIR_H_
 
@@ -24,13 +29,27 @@ namespace trainstep::ckpt {
 // "ckpt-<id>", the directory name of checkpoint `id`.
 std::string CheckpointDirName(int64_t checkpoint_id);
 
+// The claim marker's name inside a checkpoint directory.
+inline constexpr char kClaimFile[] = ".trainstep-job";
+
+// Makes `dir` (created if needed) the directory of `job_id`, durably: the marker is written to a
+// temp file, fsynced, renamed in and `dir` fsynced. OK if `dir` is already claimed by `job_id`.
+// FAILED_PRECONDITION naming the directory and the other job when the marker names another
+// job, or when an unclaimed `dir` holds a ckpt-<id> (or a leftover) that another job wrote
+// (checkpoints written before markers existed are claimed by the job their meta.json names).
+absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job_id,
+                                Env* env = Env::Default());
+
 // Writes dir/ckpt-<meta.checkpoint_id> as described above, creating `dir` if needed, and
-// returns its path. An existing checkpoint of the same id is replaced: the new one is renamed
+// returns its path, after claiming `dir` for meta.job_id (ClaimCheckpointDir's errors). An
+// existing checkpoint of the same id is replaced: the new one is renamed
 // in right after the old one is renamed aside (the only moment neither is visible), and the
 // old one is put back if that rename fails. Afterwards, best effort (failures are logged, the
-// write still succeeds): deletes the lowest-id ckpt-* beyond `keep_last` (0 keeps all; never the
-// one just written) and dot-named leftovers of lower ids. INVALID_ARGUMENT for a negative id or
-// keep_last, a non-finite loss_scale, or a tensor the safetensors writer rejects.
+// write still succeeds): deletes the lowest-id ckpt-* of meta.job_id beyond `keep_last` (0 keeps
+// all; never the one just written; another job's are neither counted nor deleted) and dot-named
+// leftovers of lower ids (in a claimed directory, only this job's writers leave them).
+// INVALID_ARGUMENT for a negative id or keep_last, a non-finite loss_scale, or a tensor the
+// safetensors writer rejects.
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointMeta& meta,
                                             const TensorMap& model, const TensorMap& optimizer,
                                             int keep_last, Env* env = Env::Default());

@@ -97,7 +97,8 @@ absl::Status FsError(const std::string& field, const std::string& path, const st
 // The regular files named by `path` (itself, or every regular file below it), appended to
 // `files`. Symbolic links to files count as files; links to directories are not followed.
 absl::Status CollectFiles(const std::string& field, const std::string& path,
-                          std::vector<std::string>& files) {
+                          const AllowedRoots& roots, std::vector<std::string>& files) {
+  RETURN_IF_ERROR(roots.Check(field, path));
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) {
@@ -116,7 +117,10 @@ absl::Status CollectFiles(const std::string& field, const std::string& path,
   if (ec) return FsError(field, path, ec);
   while (it != fs::recursive_directory_iterator()) {
     std::error_code entry_ec;  // a dangling link is simply not a regular file
-    if (it->is_regular_file(entry_ec)) files.push_back(it->path().string());
+    if (it->is_regular_file(entry_ec)) {
+      RETURN_IF_ERROR(roots.Check(field, it->path().string()));
+      files.push_back(it->path().string());
+    }
     it.increment(ec);
     if (ec) return FsError(field, path, ec);
   }
@@ -144,12 +148,13 @@ TokenLimits LimitsOf(const v1::JobSpec& spec) {
 // ---------------------------------------------------------------------------------------
 // text
 
-absl::StatusOr<std::vector<Sample>> LoadText(const v1::JobSpec& spec) {
+absl::StatusOr<std::vector<Sample>> LoadText(const v1::JobSpec& spec, const AllowedRoots& roots) {
   const v1::TextData& text = spec.data().text();
   const TokenLimits limits = LimitsOf(spec);
   std::vector<std::string> files;
   for (int i = 0; i < text.paths_size(); ++i) {
-    RETURN_IF_ERROR(CollectFiles(absl::StrCat("data.text.paths[", i, "]"), text.paths(i), files));
+    RETURN_IF_ERROR(
+        CollectFiles(absl::StrCat("data.text.paths[", i, "]"), text.paths(i), roots, files));
   }
   // One order on every machine, whatever order the OS lists directories in. A file named
   // twice (a directory and a file in it) is read once.
@@ -318,8 +323,9 @@ absl::StatusOr<Sample> ParseJsonlLine(absl::string_view where, absl::string_view
   return s;
 }
 
-absl::StatusOr<std::vector<Sample>> LoadJsonl(const v1::JobSpec& spec) {
+absl::StatusOr<std::vector<Sample>> LoadJsonl(const v1::JobSpec& spec, const AllowedRoots& roots) {
   const std::string& path = spec.data().jsonl().path();
+  RETURN_IF_ERROR(roots.Check("data.jsonl.path", path));
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) {
@@ -431,15 +437,15 @@ Dataset Dataset::FromSamples(std::vector<Sample> samples) {
   return Dataset(std::move(samples), token_level);
 }
 
-absl::StatusOr<Dataset> Dataset::Load(const v1::JobSpec& resolved) {
+absl::StatusOr<Dataset> Dataset::Load(const v1::JobSpec& resolved, const AllowedRoots& roots) {
   const v1::Data& data = resolved.data();
   switch (data.source_case()) {
     case v1::Data::kText: {
-      ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadText(resolved));
+      ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadText(resolved, roots));
       return Dataset(std::move(samples), /*token_level=*/true);
     }
     case v1::Data::kJsonl: {
-      ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadJsonl(resolved));
+      ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadJsonl(resolved, roots));
       return Dataset(std::move(samples), /*token_level=*/true);
     }
     case v1::Data::kSyntheticRegression: {
@@ -447,6 +453,7 @@ absl::StatusOr<Dataset> Dataset::Load(const v1::JobSpec& resolved) {
       return Dataset(std::move(samples), /*token_level=*/false);
     }
     case v1::Data::kTokens: {
+      RETURN_IF_ERROR(roots.Check("data.tokens.path", data.tokens().path()));
       ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file,
                        TokenFile::Open(data.tokens().path(), TokenFormatOf(resolved)));
       return Dataset(std::shared_ptr<const TokenFile>(std::move(file)));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/allowed_roots.h"
 #include "trainstep/v1/spec.pb.h"
 
 namespace trainstep::data {
@@ -51,8 +52,12 @@ class Dataset {
   // Errors name the field or the file and line:
   //   NOT_FOUND "data.text.paths[1]: /x/y does not exist"
   //   INVALID_ARGUMENT "/data/train.jsonl:17: labels has 12 entries, input_ids 13"
-  // An empty dataset is INVALID_ARGUMENT.
-  static absl::StatusOr<Dataset> Load(const v1::JobSpec& resolved);
+  // An empty dataset is INVALID_ARGUMENT. Every file read must lie within `roots` (each file
+  // found in a data directory too, so a symlink in it cannot lead outside):
+  //   PERMISSION_DENIED "data.text.paths[0]: /data/d/link (resolves to /etc/shadow) is
+  //   outside this worker's --allowed-roots /data"
+  static absl::StatusOr<Dataset> Load(const v1::JobSpec& resolved,
+                                      const AllowedRoots& roots = AllowedRoots());
 
   // A dataset of the given samples, for tests and tools: token-level when the first sample
   // has input_ids. The samples are not validated.

@@ -133,9 +133,18 @@ class Client:
         return message_to_dict(self._unary("GetJob", _pb.GetJobRequest(job_id=job_id)))
 
     def list(self):
-        """Every job, as `trainstep job list -o json` prints them."""
-        response = self._unary("ListJobs", _pb.ListJobsRequest())
-        return [message_to_dict(job) for job in response.jobs]
+        """Every job, as `trainstep job list -o json` prints them. The coordinator pages the
+        list so that each response fits gRPC's message limit; every page is fetched."""
+        jobs = []
+        token = ""
+        while True:
+            response = self._unary("ListJobs", _pb.ListJobsRequest(page_token=token))
+            jobs.extend(message_to_dict(job) for job in response.jobs)
+            if not response.next_page_token:
+                return jobs
+            if response.next_page_token == token:
+                raise errors.TrainstepError("the coordinator returned the same page token twice")
+            token = response.next_page_token
 
     def cancel(self, job_id):
         """Cancels the job; returns it (as get does). Cancelling an ended job changes nothing."""

@@ -49,6 +49,12 @@ v1::RegisterWorkerRequest Register(const std::string& job_id, const std::string&
   return req;
 }
 
+v1::CancelJobRequest CancelRequest(const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  return req;
+}
+
 // Applies every record of `from` to a fresh registry.
 std::unique_ptr<JobRegistry> Replay(const std::vector<v1::JournalRecord>& records) {
   auto r = std::make_unique<JobRegistry>(MachineOptions{});
@@ -225,7 +231,7 @@ TEST(JobRegistryTest, RegisterWithoutJobPicksOldestJobNeedingWorkers) {
   reg.Submit(SubmitWorkers(1), kT0);  // job-1
   reg.Submit(SubmitWorkers(2), kT0);  // job-2
   reg.Submit(SubmitWorkers(1), kT0);  // job-3
-  ASSERT_TRUE(reg.Cancel("job-3", kT0).ok());
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-3"), kT0).ok());
   EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-1");
   EXPECT_EQ(reg.RegisterWorker(Register(""), kT0)->job_id(), "job-2");
   absl::StatusOr<v1::RegisterWorkerResponse> third = reg.RegisterWorker(Register(""), kT0);
@@ -305,13 +311,14 @@ TEST(JobRegistryTest, ListUpdatesPaging) {
 TEST(JobRegistryTest, GetAndCancel) {
   JobRegistry reg{MachineOptions{}};
   EXPECT_EQ(reg.Get("job-1").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Cancel(CancelRequest("job-1"), kT0).status().code(), absl::StatusCode::kNotFound);
   reg.Submit(SubmitWorkers(1), kT0);
-  absl::StatusOr<v1::Job> cancelled = reg.Cancel("job-1", kT0 + absl::Seconds(2));
+  absl::StatusOr<v1::Job> cancelled = reg.Cancel(CancelRequest("job-1"), kT0 + absl::Seconds(2));
   ASSERT_TRUE(cancelled.ok());
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_EQ(cancelled->end_time_ms(), absl::ToUnixMillis(kT0 + absl::Seconds(2)));
-  EXPECT_EQ(reg.Cancel("job-1", kT0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reg.Cancel(CancelRequest("job-1"), kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(reg.Get("job-1")->state(), v1::CANCELLED);
 }
 
@@ -329,6 +336,191 @@ TEST(JobRegistryTest, JobIdOfEveryRecordKind) {
   }
   EXPECT_GE(kinds.size(), 6u);
   EXPECT_EQ(JobIdOf(v1::JournalRecord()), "");
+}
+
+// --- Limits (issue 15 item 5) ---
+
+v1::SubmitJobRequest SubmitCheckpointed(const std::string& dir,
+                                        const std::string& request_id = "") {
+  SpecOptions o;
+  o.checkpoint_dir = dir;
+  return SubmitJson(SpecJson(o), request_id);
+}
+
+// Catches the probe's 3.9 MB request ids and names: refused with INVALID_ARGUMENT naming the
+// field, the limit and its flag, on every RPC that carries them; nothing is created.
+TEST(JobRegistryTest, OversizedRequestIdNameAndSpecAreRefused) {
+  Limits limits;
+  limits.max_request_id_bytes = 16;
+  limits.max_name_bytes = 16;
+  limits.max_spec_bytes = 2048;
+  JobRegistry reg{MachineOptions{}, limits};
+  absl::Status id = reg.Submit(SubmitWorkers(1, std::string(17, 'r')), kT0).status();
+  EXPECT_EQ(id.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(id.message(), "request_id is 17 bytes; the limit is 16 (--max-request-id-bytes)");
+  SpecOptions o;
+  std::string named = SpecJson(o);
+  named.replace(named.find(R"("name":"t")"), 10, R"("name":"a-name-of-20-bytes!")");
+  absl::Status name = reg.Submit(SubmitJson(named), kT0).status();
+  EXPECT_EQ(name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(name.message()), HasSubstr("--max-name-bytes"));
+  std::string big = SpecJson(o);
+  big.replace(big.find(R"(["/data"])"), 9, absl::StrCat(R"([")", std::string(3000, 'p'), R"("])"));
+  absl::Status spec = reg.Submit(SubmitJson(big), kT0).status();
+  EXPECT_EQ(spec.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.message()), HasSubstr("--max-spec-bytes"));
+  EXPECT_TRUE(reg.List().empty());
+  EXPECT_TRUE(reg.TakeRecords().empty());
+
+  ASSERT_TRUE(reg.Submit(SubmitWorkers(1), kT0).ok());
+  v1::RegisterWorkerRequest w = Register("job-1", std::string(17, 'r'));
+  EXPECT_EQ(reg.RegisterWorker(w, kT0).status().code(), absl::StatusCode::kInvalidArgument);
+  w = Register("job-1");
+  w.set_host(std::string(17, 'h'));
+  EXPECT_THAT(std::string(reg.RegisterWorker(w, kT0).status().message()), HasSubstr("host is 17"));
+  v1::CancelJobRequest cancel = CancelRequest("job-1");
+  cancel.set_request_id(std::string(17, 'r'));
+  EXPECT_EQ(reg.Cancel(cancel, kT0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Get("job-1")->state(), v1::PENDING);
+}
+
+// Catches: a worker's megabyte failure message stored whole (it made every job list fail):
+// it is truncated, not refused, so the failure still lands.
+TEST(JobRegistryTest, FailureMessageIsTruncatedNotRefused) {
+  Limits limits;
+  limits.max_message_bytes = 300;
+  JobRegistry reg{MachineOptions{}, limits};
+  ASSERT_TRUE(reg.Submit(SubmitWorkers(1), kT0).ok());
+  const std::string worker = reg.RegisterWorker(Register("job-1"), kT0)->worker_id();
+  v1::ReportFailureRequest failure;
+  failure.set_job_id("job-1");
+  failure.set_worker_id(worker);
+  failure.set_message(std::string(4 << 20, 'm'));
+  ASSERT_TRUE(reg.ReportFailure(failure, kT0).ok());
+  const v1::Job job = *reg.Get("job-1");
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_LT(job.message().size(), 400u);
+  EXPECT_THAT(job.message(), HasSubstr("truncated from 4194304 bytes"));
+}
+
+// Catches: two live jobs sharing a checkpoint dir (they pruned each other's checkpoints).
+// The second is refused naming the first, however the path is spelled; once the first ends,
+// the directory may be reused (a follow-up job resuming from it); a retry of the first
+// request is still answered with the first job, not refused.
+TEST(JobRegistryTest, LiveJobsCannotShareACheckpointDir) {
+  JobRegistry reg{MachineOptions{}};
+  ASSERT_EQ(reg.Submit(SubmitCheckpointed("/ckpt/run", "req-1"), kT0)->job_id(), "job-1");
+  EXPECT_EQ(reg.Submit(SubmitCheckpointed("/ckpt/run", "req-1"), kT0)->job_id(), "job-1");
+  for (const char* spelling : {"/ckpt/run", "/ckpt/run/", "/ckpt/./x/../run"}) {
+    absl::Status s = reg.Submit(SubmitCheckpointed(spelling), kT0).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << spelling;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint directory of job-1")) << spelling;
+  }
+  EXPECT_TRUE(reg.Submit(SubmitCheckpointed("/ckpt/other"), kT0).ok());
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-1"), kT0).ok());
+  EXPECT_TRUE(reg.Submit(SubmitCheckpointed("/ckpt/run"), kT0).ok());
+}
+
+// Catches: unbounded job retention. Beyond --max-jobs the oldest *finished* job is forgotten
+// (journaled, so a replay forgets it too, with its request id); when every retained job is
+// live, submit is refused with RESOURCE_EXHAUSTED naming the flag.
+TEST(JobRegistryTest, MaxJobsForgetsOldestFinishedOrRefuses) {
+  Limits limits;
+  limits.max_jobs = 3;
+  JobRegistry reg{MachineOptions{}, limits};
+  for (int i = 1; i <= 3; ++i)
+    ASSERT_TRUE(reg.Submit(SubmitWorkers(1, absl::StrCat("r", i)), kT0).ok());
+  absl::Status full = reg.Submit(SubmitWorkers(1), kT0).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()), HasSubstr("--max-jobs"));
+  ASSERT_TRUE(reg.RegisterWorker(Register("job-2"), kT0).ok());
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-3"), kT0).ok());
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-2"), kT0).ok());
+  ASSERT_EQ(reg.Submit(SubmitWorkers(1), kT0)->job_id(), "job-4");  // forgets job-2, not job-1
+  std::vector<std::string> ids;
+  for (const v1::Job& j : reg.List()) ids.push_back(j.job_id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-1", "job-3", "job-4"}));
+  EXPECT_EQ(reg.Get("job-2").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(reg.ListWorkers("").empty());  // job-2's worker went with it
+  // Its request id is free again; the live job's is not.
+  EXPECT_EQ(reg.Submit(SubmitWorkers(1, "r1"), kT0)->job_id(), "job-1");
+
+  std::unique_ptr<JobRegistry> replayed = Replay(reg.TakeRecords());
+  std::vector<std::string> replayed_ids;
+  for (const v1::Job& j : replayed->List()) replayed_ids.push_back(j.job_id());
+  EXPECT_EQ(replayed_ids, ids);
+  EXPECT_EQ(replayed->Submit(SubmitWorkers(1), kT0)->job_id(), "job-5");  // ids never reused
+}
+
+// Catches: a journal written under higher limits that no longer replays (or replays
+// differently) after the limits are lowered: it replays in full, and only then are the
+// oldest finished jobs beyond the new --max-jobs forgotten, journaled for the next replay.
+TEST(JobRegistryTest, JournalFromHigherLimitsReplaysUnderLowerOnes) {
+  Limits high;
+  high.max_request_id_bytes = 8 << 20;
+  JobRegistry before{MachineOptions{}, high};
+  for (int i = 1; i <= 4; ++i) {
+    ASSERT_TRUE(before.Submit(SubmitWorkers(1, std::string(1 << 20, 'a' + i)), kT0).ok());
+  }
+  ASSERT_TRUE(before.Cancel(CancelRequest("job-1"), kT0).ok());
+  ASSERT_TRUE(before.Cancel(CancelRequest("job-2"), kT0).ok());
+  const std::vector<v1::JournalRecord> records = before.TakeRecords();
+
+  Limits low;
+  low.max_jobs = 2;
+  low.list_page_bytes = (1 << 20) + 4096;  // one job with its 1 MiB request id per page
+  JobRegistry after{MachineOptions{}, low};
+  for (const v1::JournalRecord& r : records) after.Apply(r);
+  EXPECT_EQ(after.List().size(), 4u);
+  after.Recovered(kT0);
+  std::vector<std::string> ids;
+  for (const v1::Job& j : after.List()) ids.push_back(j.job_id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"job-3", "job-4"}));  // both live: kept
+  const std::vector<v1::JournalRecord> forgotten = after.TakeRecords();
+  ASSERT_EQ(forgotten.size(), 2u);
+  EXPECT_EQ(forgotten[0].job_forgotten().job_id(), "job-1");
+
+  std::vector<v1::JournalRecord> all = records;
+  all.insert(all.end(), forgotten.begin(), forgotten.end());
+  EXPECT_EQ(Replay(all)->List().size(), 2u);
+
+  // Listing pages by bytes: each page fits its budget, and following tokens sees them all.
+  v1::ListJobsRequest req;
+  std::vector<std::string> listed;
+  for (int pages = 0; pages < 10; ++pages) {
+    absl::StatusOr<v1::ListJobsResponse> page = after.ListJobs(req);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->jobs_size(), 1);
+    EXPECT_LE(static_cast<int64_t>(page->ByteSizeLong()), low.list_page_bytes + 64);
+    for (const v1::Job& j : page->jobs()) listed.push_back(j.job_id());
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(listed, ids);
+}
+
+// Catches: a job page that ignores page_size, or whose token shifts when a job before it is
+// forgotten between two pages (the token is a job number, not a position).
+TEST(JobRegistryTest, ListJobsPagesBySizeAndSurvivesForgetting) {
+  Limits limits;
+  limits.max_jobs = 5;
+  JobRegistry reg{MachineOptions{}, limits};
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(reg.Submit(SubmitWorkers(1), kT0).ok());
+  v1::ListJobsRequest req;
+  req.set_page_size(2);
+  absl::StatusOr<v1::ListJobsResponse> first = reg.ListJobs(req);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->jobs_size(), 2);
+  EXPECT_EQ(first->next_page_token(), "2");
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-1"), kT0).ok());
+  ASSERT_TRUE(reg.Submit(SubmitWorkers(1), kT0).ok());  // forgets job-1
+  req.set_page_token(first->next_page_token());
+  absl::StatusOr<v1::ListJobsResponse> second = reg.ListJobs(req);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->jobs_size(), 2);
+  EXPECT_EQ(second->jobs(0).job_id(), "job-3");
+  req.set_page_token("bogus");
+  EXPECT_EQ(reg.ListJobs(req).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Catches: the earliest lease of all jobs not being the registry's next deadline.

@@ -13,9 +13,9 @@ namespace {
 TEST(KvStoreTest, SetGet) {
   KvStore s;
   EXPECT_EQ(s.Get("k"), std::nullopt);
-  s.Set("k", "v1");
+  ASSERT_TRUE(s.Set("k", "v1").ok());
   EXPECT_EQ(s.Get("k"), "v1");
-  s.Set("k", std::string("a\0b", 3));  // values are bytes
+  ASSERT_TRUE(s.Set("k", std::string("a\0b", 3)).ok());  // values are bytes
   EXPECT_EQ(s.Get("k"), std::string("a\0b", 3));
   EXPECT_EQ(s.size(), 1);
 }
@@ -28,10 +28,10 @@ TEST(KvStoreTest, AddKeepsDecimalString) {
   EXPECT_EQ(s.Get("n"), "5");
   EXPECT_EQ(*s.Add("n", -7), -2);
   EXPECT_EQ(s.Get("n"), "-2");
-  s.Set("m", "40");  // a value set as text counts as that number
+  ASSERT_TRUE(s.Set("m", "40").ok());  // a value set as text counts as that number
   EXPECT_EQ(*s.Add("m", 2), 42);
   EXPECT_EQ(*s.Add("m", 0), 42);
-  s.Set("x", "abc");
+  ASSERT_TRUE(s.Set("x", "abc").ok());
   absl::StatusOr<int64_t> bad = s.Add("x", 1);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.Get("x"), "abc");
@@ -56,36 +56,36 @@ TEST(KvStoreTest, AddRefusesToWrap) {
 // current value unchanged.
 TEST(KvStoreTest, CompareSetFollowsC10d) {
   KvStore s;
-  EXPECT_EQ(s.CompareSet("k", "", "first"), "first");
+  EXPECT_EQ(*s.CompareSet("k", "", "first"), "first");
   EXPECT_EQ(s.Get("k"), "first");
 
-  EXPECT_EQ(s.CompareSet("missing", "exp", "des"), "exp");
+  EXPECT_EQ(*s.CompareSet("missing", "exp", "des"), "exp");
   EXPECT_EQ(s.Get("missing"), std::nullopt);
 
-  EXPECT_EQ(s.CompareSet("k", "wrong", "second"), "first");
+  EXPECT_EQ(*s.CompareSet("k", "wrong", "second"), "first");
   EXPECT_EQ(s.Get("k"), "first");
-  EXPECT_EQ(s.CompareSet("k", "first", "second"), "second");
+  EXPECT_EQ(*s.CompareSet("k", "first", "second"), "second");
   EXPECT_EQ(s.Get("k"), "second");
   // An existing empty value matches an empty expected.
-  s.Set("e", "");
-  EXPECT_EQ(s.CompareSet("e", "", "filled"), "filled");
+  ASSERT_TRUE(s.Set("e", "").ok());
+  EXPECT_EQ(*s.CompareSet("e", "", "filled"), "filled");
 }
 
 // Catches: check() true when only some keys exist.
 TEST(KvStoreTest, HasAll) {
   KvStore s;
   EXPECT_TRUE(s.HasAll({}));
-  s.Set("a", "1");
+  ASSERT_TRUE(s.Set("a", "1").ok());
   EXPECT_TRUE(s.HasAll({"a"}));
   EXPECT_FALSE(s.HasAll({"a", "b"}));
-  s.Set("b", "2");
+  ASSERT_TRUE(s.Set("b", "2").ok());
   EXPECT_TRUE(s.HasAll({"b", "a"}));
 }
 
 // Catches: delete reporting success for a missing key, or not deleting.
 TEST(KvStoreTest, Delete) {
   KvStore s;
-  s.Set("a", "1");
+  ASSERT_TRUE(s.Set("a", "1").ok());
   EXPECT_TRUE(s.Delete("a"));
   EXPECT_FALSE(s.Delete("a"));
   EXPECT_EQ(s.Get("a"), std::nullopt);
@@ -96,10 +96,10 @@ TEST(KvStoreTest, Delete) {
 // stale ranks), or KeepOnly dropping the new generation's keys.
 TEST(KvStoreTest, KeepOnlyDropsOtherPrefixes) {
   KvStore s;
-  s.Set("job-1/g1/rank0", "x");
-  s.Set("job-1/g1/rank1", "x");
-  s.Set("job-1/g2/rank0", "y");
-  s.Set("other", "z");
+  ASSERT_TRUE(s.Set("job-1/g1/rank0", "x").ok());
+  ASSERT_TRUE(s.Set("job-1/g1/rank1", "x").ok());
+  ASSERT_TRUE(s.Set("job-1/g2/rank0", "y").ok());
+  ASSERT_TRUE(s.Set("other", "z").ok());
   s.KeepOnly("job-1/g2/");
   EXPECT_EQ(s.size(), 1);
   EXPECT_EQ(s.Get("job-1/g2/rank0"), "y");
@@ -110,19 +110,60 @@ TEST(KvStoreTest, KeepOnlyDropsOtherPrefixes) {
 TEST(KvStoreTest, VersionBumpsOnEveryChange) {
   KvStore s;
   uint64_t v = s.version();
-  s.Set("a", "1");
+  ASSERT_TRUE(s.Set("a", "1").ok());
   EXPECT_GT(s.version(), v);
   v = s.version();
   ASSERT_TRUE(s.Add("n", 1).ok());
   EXPECT_GT(s.version(), v);
   v = s.version();
-  s.CompareSet("c", "", "1");
+  ASSERT_TRUE(s.CompareSet("c", "", "1").ok());
   EXPECT_GT(s.version(), v);
   v = s.version();
-  s.CompareSet("c", "nope", "2");
+  ASSERT_TRUE(s.CompareSet("c", "nope", "2").ok());
   EXPECT_EQ(s.version(), v);  // nothing changed
   s.Delete("a");
   EXPECT_GT(s.version(), v);
+}
+
+// Catches the probe's unbounded store (100 k keys grew the coordinator without limit): the
+// key limit refuses new keys with RESOURCE_EXHAUSTED naming the flag, yet overwrites of
+// existing keys and writes after a delete still work.
+TEST(KvStoreTest, KeyLimitRefusesNewKeysOnly) {
+  KvStore s(/*max_keys=*/3, /*max_bytes=*/0);
+  for (const char* k : {"a", "b", "c"}) ASSERT_TRUE(s.Set(k, "1").ok());
+  absl::Status refused = s.Set("d", "1");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.message()).find("--store-max-keys 3"), std::string::npos)
+      << refused;
+  EXPECT_EQ(s.Add("e", 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.CompareSet("f", "", "1").status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.size(), 3);
+  EXPECT_EQ(s.Get("d"), std::nullopt);
+  EXPECT_TRUE(s.Set("a", "2").ok());  // an overwrite adds no key
+  EXPECT_TRUE(s.Add("b", 5).ok());
+  EXPECT_TRUE(s.Delete("c"));
+  EXPECT_TRUE(s.Set("d", "1").ok());
+}
+
+// Catches the probe's 201 x 1 MB values: the byte limit counts keys and values, refuses the
+// write that would cross it (leaving the old value), and frees what Delete and KeepOnly drop.
+TEST(KvStoreTest, ByteLimitCountsKeysAndValues) {
+  KvStore s(/*max_keys=*/0, /*max_bytes=*/100);
+  ASSERT_TRUE(s.Set("k1", std::string(48, 'x')).ok());  // 50 bytes
+  EXPECT_EQ(s.bytes(), 50);
+  ASSERT_TRUE(s.Set("k2", std::string(48, 'y')).ok());  // 100: exactly the limit
+  absl::Status refused = s.Set("k3", "");               // the key alone crosses it
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(refused.message()).find("--store-max-bytes"), std::string::npos);
+  EXPECT_EQ(s.Set("k1", std::string(49, 'x')).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.Get("k1"), std::string(48, 'x'));
+  ASSERT_TRUE(s.Set("k1", "small").ok());  // shrinking is always allowed
+  EXPECT_EQ(s.bytes(), 57);
+  EXPECT_TRUE(s.Delete("k2"));
+  EXPECT_EQ(s.bytes(), 7);
+  ASSERT_TRUE(s.Set("p/a", std::string(90, 'z')).ok());
+  s.KeepOnly("p/");
+  EXPECT_EQ(s.bytes(), 93);
 }
 
 }  // namespace

@@ -67,9 +67,11 @@ void ExpectSame(const TensorMap& actual, const TensorMap& expected) {
   }
 }
 
+// The directory's entries but the claim marker (its own tests look at it).
 std::set<std::string> Entries(const std::string& dir) {
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  names.erase(kClaimFile);
   return names;
 }
 
@@ -92,9 +94,12 @@ class CheckpointDirTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  std::string Write(int64_t id, float value, int keep_last = 0, Env* env = Env::Default()) {
+  std::string Write(int64_t id, float value, int keep_last = 0, Env* env = Env::Default(),
+                    const std::string& job_id = MetaFor(0).job_id) {
+    CheckpointMeta meta = MetaFor(id);
+    meta.job_id = job_id;
     absl::StatusOr<std::string> path =
-        WriteCheckpoint(dir_, MetaFor(id), Model(value), Optimizer(value), keep_last, env);
+        WriteCheckpoint(dir_, meta, Model(value), Optimizer(value), keep_last, env);
     EXPECT_TRUE(path.ok()) << path.status();
     return path.ok() ? *path : "";
   }
@@ -346,6 +351,64 @@ TEST_F(CheckpointDirTest, PrunesLeftoversOfLowerIdsOnly) {
   WriteText(dir_ + "/notes.txt", "not ours");
   Write(2, 2.0f);
   EXPECT_THAT(Entries(dir_), ElementsAre(".ckpt-9.tmp-999", "ckpt-1", "ckpt-2", "notes.txt"));
+}
+
+// Catches the probe's deletion of someone else's checkpoints: a job pointed at a directory
+// holding another job's ckpt-0..ckpt-4 (written before markers existed) with keep_last 1 is
+// refused, names the other job, and deletes nothing; the owner still writes and prunes there.
+TEST_F(CheckpointDirTest, AnotherJobsCheckpointsAreNeverDeleted) {
+  for (int id = 0; id < 5; ++id) Write(id, static_cast<float>(id), 0, Env::Default(), "job-a");
+  fs::remove(dir_ + "/" + kClaimFile);  // as an older trainstep left it
+  const std::set<std::string> before = Entries(dir_);
+  CheckpointMeta meta = MetaFor(9);
+  meta.job_id = "job-b";
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, meta, Model(9.0f), Optimizer(9.0f), /*keep_last=*/1);
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(path.status().message()), HasSubstr("written by job-a"));
+  EXPECT_EQ(Entries(dir_), before);
+  EXPECT_FALSE(fs::exists(dir_ + "/" + kClaimFile));
+  // The owner (its meta.json names it) claims the directory and prunes its own.
+  Write(5, 5.0f, /*keep_last=*/2, Env::Default(), "job-a");
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-4", "ckpt-5"));
+  EXPECT_EQ(ReadText(dir_ + "/" + kClaimFile), "job-a\n");
+}
+
+// Catches two jobs sharing a directory: once claimed, another job's write is refused naming
+// the owner; and even a foreign checkpoint that got in (a race before the marker) is neither
+// counted nor deleted by the owner's retention.
+TEST_F(CheckpointDirTest, ClaimedDirRefusesOtherJobsAndPrunesOnlyItsOwn) {
+  Write(1, 1.0f, 0, Env::Default(), "job-a");
+  CheckpointMeta meta = MetaFor(2);
+  meta.job_id = "job-b";
+  absl::StatusOr<std::string> refused =
+      WriteCheckpoint(dir_, meta, Model(2.0f), Optimizer(2.0f), /*keep_last=*/1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("belongs to job-a"));
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-1"));
+
+  const std::string other = root_ + "/other";
+  meta.checkpoint_id = 0;
+  ASSERT_TRUE(WriteCheckpoint(other, meta, Model(0.5f), Optimizer(0.5f), 0).ok());
+  fs::rename(other + "/ckpt-0", dir_ + "/ckpt-0");  // job-b's, inside job-a's directory
+  Write(2, 2.0f, /*keep_last=*/1, Env::Default(), "job-a");
+  Write(3, 3.0f, /*keep_last=*/1, Env::Default(), "job-a");
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-0", "ckpt-3"));
+}
+
+// Catches a claim that is not durable (a crash could lose it, and another job then claim the
+// directory): the marker's content is fsynced before its rename, and the directory after.
+TEST_F(CheckpointDirTest, ClaimIsDurable) {
+  ScriptedEnv env;
+  ASSERT_TRUE(ClaimCheckpointDir(dir_, "job-a", &env).ok());
+  const std::string marker = dir_ + "/" + kClaimFile;
+  const std::string tmp = absl::StrCat(marker, ".tmp-", ::getpid());
+  const size_t rename = IndexOf(env.log, "rename " + tmp + " -> " + marker);
+  EXPECT_LT(IndexOf(env.log, "sync " + tmp), rename);
+  EXPECT_LT(IndexOf(env.log, "syncdir " + root_), rename);  // the new directory itself
+  EXPECT_EQ(env.log.back(), "syncdir " + dir_);
+  EXPECT_TRUE(ClaimCheckpointDir(dir_, "job-a").ok());  // idempotent
+  EXPECT_EQ(ClaimCheckpointDir(dir_, "job-b").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // Catches arguments that would write an unreadable or misnamed checkpoint.

@@ -236,6 +236,23 @@ TEST(TextDatasetTest, NoBytesIsInvalidArgument) {
   EXPECT_THAT(d.status().message(), HasSubstr("data.text.paths"));
 }
 
+// Catches a data directory inside --allowed-roots smuggling in a file outside through a
+// symlink (the directory itself passes the spec check; each file it holds must too).
+TEST(TextDatasetTest, SymlinkInADataDirectoryToOutsideTheRootsIsRefused) {
+  TempDir dir;
+  dir.Write("root/d/a.txt", "abcdefgh");
+  dir.Write("outside/shadow", "secret!!");
+  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(dir.path() + "/root");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  ASSERT_TRUE(Dataset::Load(TextSpec({dir.path() + "/root/d"}, 4), *roots).ok());
+  std::filesystem::create_symlink(dir.path() + "/outside/shadow", dir.path() + "/root/d/b.txt");
+  absl::StatusOr<Dataset> d = Dataset::Load(TextSpec({dir.path() + "/root/d"}, 4), *roots);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr(absl::StrCat("data.text.paths[0]: ", dir.path(), "/root/d/b.txt")));
+  EXPECT_TRUE(Dataset::Load(TextSpec({dir.path() + "/root/d"}, 4)).ok());  // no roots: any
+}
+
 // Catches nondeterministic loading: two loads of the same files are equal, sample by sample.
 TEST(TextDatasetTest, TwoLoadsAreIdentical) {
   TempDir dir;
