@@ -319,29 +319,31 @@ TEST(WindowPlannerTest, LargeDroppedTailIsNotListed) {
   const WindowPlanner at_limit(Spec(Plan().Batch(4096, 2, 1).Drop().Shuffle(3)), 8192 + limit);
   EXPECT_EQ(at_limit.DroppedTail(0).sample_ids_size(), limit);
   EXPECT_EQ(WindowPlanner(Spec(Plan().Drop()), b * 3).DroppedTail(0).samples(), 0);
-  // Catches: an evaluation set that depends on the world size (the loss would change when a
-  // worker joins), a sample evaluated twice or never, and max_batches cutting the wrong count.
-  TEST(EvalMicroBatchesTest, SameSetForEveryWorldSizeWithinMaxBatches) {
-    for (int64_t max_batches : {0, 3, 100}) {
-      const int64_t expected = max_batches == 3 ? 6 : 11;  // 11 samples, micro-batches of 2
-      for (int world : {1, 2, 3, 7}) {
-        std::vector<int64_t> seen;
-        for (int rank = 0; rank < world; ++rank) {
-          for (const std::vector<int64_t>& mb : EvalMicroBatches(11, 2, max_batches, rank, world)) {
-            EXPECT_LE(mb.size(), 2u);
-            EXPECT_FALSE(mb.empty());
-            seen.insert(seen.end(), mb.begin(), mb.end());
-          }
+}
+
+// Catches: an evaluation set that depends on the world size (the loss would change when a
+// worker joins), a sample evaluated twice or never, and max_batches cutting the wrong count.
+TEST(EvalMicroBatchesTest, SameSetForEveryWorldSizeWithinMaxBatches) {
+  for (int64_t max_batches : {0, 3, 100}) {
+    const int64_t expected = max_batches == 3 ? 6 : 11;  // 11 samples, micro-batches of 2
+    for (int world : {1, 2, 3, 7}) {
+      std::vector<int64_t> seen;
+      for (int rank = 0; rank < world; ++rank) {
+        for (const std::vector<int64_t>& mb : EvalMicroBatches(11, 2, max_batches, rank, world)) {
+          EXPECT_LE(mb.size(), 2u);
+          EXPECT_FALSE(mb.empty());
+          seen.insert(seen.end(), mb.begin(), mb.end());
         }
-        std::sort(seen.begin(), seen.end());
-        std::vector<int64_t> all(expected);
-        for (int64_t i = 0; i < expected; ++i) all[i] = i;
-        EXPECT_EQ(seen, all) << "world " << world << " max_batches " << max_batches;
       }
+      std::sort(seen.begin(), seen.end());
+      std::vector<int64_t> all(expected);
+      for (int64_t i = 0; i < expected; ++i) all[i] = i;
+      EXPECT_EQ(seen, all) << "world " << world << " max_batches " << max_batches;
     }
-    // Micro-batch m goes to rank m mod W, in file order.
-    EXPECT_EQ(EvalMicroBatches(7, 2, 0, 1, 2), (std::vector<std::vector<int64_t>>{{2, 3}, {6}}));
   }
+  // Micro-batch m goes to rank m mod W, in file order.
+  EXPECT_EQ(EvalMicroBatches(7, 2, 0, 1, 2), (std::vector<std::vector<int64_t>>{{2, 3}, {6}}));
+}
 
 }  // namespace
 }  // namespace trainstep::data
