@@ -10,28 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/worker/checkpoint/meta_fixture.h"
+
 namespace trainstep::ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-CheckpointMeta MetaFor(int64_t id) {
-  CheckpointMeta m;
-  m.job_id = "job-\"7\"";
-  m.checkpoint_id = id;
-  m.optimizer_update_id = 1000 + id;
-  m.scheduler_step = 2000 + id;
-  m.window_id = 3000 + id;
-  m.epoch = 4;
-  m.cumulative_tokens = std::numeric_limits<int64_t>::max();  // Beyond a double's integers.
-  m.loss_scale = 0.1;                                         // Needs all 17 digits to round-trip.
-  m.scaler_growth_tracker = -5;
-  m.spec_hash = "sha256:0123abcd";
-  m.next_window_id = 3001 + id;
-  m.written_unix_ms = 1732881600123;
-  return m;
-}
+using fixture::MetaFor;
 
 // Catches integers rounded through double and loss scales printed without enough digits.
 TEST(CheckpointMetaTest, JsonRoundTripsExtremeValuesExactly) {
