@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
-#include "tests/unit/worker/checkpoint/meta_fixture.h"
+#include "tests/unit/worker/checkpoint/fixtures.h"
 
 namespace trainstep::ckpt {
 namespace {

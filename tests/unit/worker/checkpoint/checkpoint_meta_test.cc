@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/unit/worker/checkpoint/meta_fixture.h"
+#include "tests/unit/worker/checkpoint/fixtures.h"
 
 namespace trainstep::ckpt {
 namespace {

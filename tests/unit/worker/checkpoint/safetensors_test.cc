@@ -21,6 +21,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
+#include "tests/unit/worker/checkpoint/fixtures.h"
 
 namespace trainstep::ckpt {
 namespace {
@@ -99,15 +100,7 @@ const Metadata& ReferenceMetadata() {
   return *m;
 }
 
-// A safetensors file around a hand-written header, space-padded to 8 bytes unless !pad.
-std::string Raw(const std::string& json, const std::string& data = "", bool pad = true) {
-  std::string header = json;
-  if (pad) header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
-  return out + header + data;
-}
+using fixture::Raw;
 
 uint64_t HeaderLength(const std::string& file) {
   uint64_t n = 0;
