@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 
 namespace trainstep::client {
 namespace {
@@ -46,6 +47,12 @@ constexpr char kGlobalFlags[] =
     "  -o, --output FORMAT      table (default) or json; job logs also takes jsonl\n"
     "  --timeout DURATION       deadline of each call, e.g. 500ms, 10s, 2m (default 10s); job\n"
     "                           watch: give up when the job makes no progress for that long\n"
+    "  --tls-ca FILE            talk TLS, verifying the coordinator against this PEM CA\n"
+    "                           (default: $TRAINSTEP_TLS_CA; none: plaintext)\n"
+    "  --tls-cert FILE          client certificate for mTLS (default: $TRAINSTEP_TLS_CERT)\n"
+    "  --tls-key FILE           its private key (default: $TRAINSTEP_TLS_KEY)\n"
+    "  --token-file FILE        send the bearer token in FILE on every call (default:\n"
+    "                           $TRAINSTEP_TOKEN, the token itself); needs TLS\n"
     "  -h, --help               print the usage of the command given and exit\n";
 
 std::string TopUsage() {
@@ -66,6 +73,9 @@ std::string TopUsage() {
       "\n"
       "Environment:\n"
       "  TRAINSTEP_COORDINATOR  default for --coordinator\n"
+      "  TRAINSTEP_TLS_CA, TRAINSTEP_TLS_CERT, TRAINSTEP_TLS_KEY\n"
+      "                         defaults for --tls-ca, --tls-cert, --tls-key\n"
+      "  TRAINSTEP_TOKEN        the bearer token, when --token-file is not given\n"
       "  NO_COLOR               when set, never print colours (they are also off when the\n"
       "                         output is not a terminal)\n"
       "\n"
@@ -79,6 +89,8 @@ std::string TopUsage() {
       "  5  the job failed (job watch, job submit --watch)\n"
       "  6  the job was cancelled (job watch, job submit --watch)\n"
       "  7  no progress: job watch --timeout passed without a new state or update\n"
+      "  8  denied: no credential or a bad one (UNAUTHENTICATED), or a role that does not\n"
+      "     allow the call (PERMISSION_DENIED)\n"
       "\n"
       "Run 'trainstep <noun> <verb> --help' for the flags of a command.\n");
   return s;
@@ -168,6 +180,7 @@ std::string VerbUsage(const Verb& v) {
 struct RawArgs {
   std::vector<std::string> positionals;
   std::optional<std::string> coordinator, output, timeout, request_id, job, out;
+  std::optional<std::string> tls_ca, tls_cert, tls_key, token_file;
   bool watch = false;
   bool help = false;
   std::string error;
@@ -217,6 +230,10 @@ RawArgs Scan(const std::vector<std::string>& args) {
     if (name == "--request-id") slot = &raw.request_id;
     if (name == "--job") slot = &raw.job;
     if (name == "--out") slot = &raw.out;
+    if (name == "--tls-ca") slot = &raw.tls_ca;
+    if (name == "--tls-cert") slot = &raw.tls_cert;
+    if (name == "--tls-key") slot = &raw.tls_key;
+    if (name == "--token-file") slot = &raw.token_file;
     if (slot == nullptr) {
       fail(absl::StrCat("unknown flag ", name));
       continue;
@@ -261,6 +278,111 @@ std::string UsageText(const std::string& level) {
   return TopUsage();
 }
 
+namespace {
+
+// Each step below fills its part of `inv` and returns the first problem, or "" when none.
+
+// The command's operand (SPEC.json or a job ID), after the noun and the verb.
+std::string TakeOperand(const Verb& verb, const std::vector<std::string>& pos, Invocation* inv) {
+  const std::string name = CommandName(verb.command);
+  const size_t want = *verb.operand ? 1 : 0;
+  if (pos.size() - 2 < want) {
+    return verb.command == Command::kJobSubmit
+               ? absl::StrCat(name, " needs SPEC.json (a file, or - for stdin)")
+               : absl::StrCat(name, " needs a job ID");
+  }
+  if (pos.size() - 2 > want) {
+    return absl::StrCat("unexpected argument \"", pos[2 + want], "\" for ", name);
+  }
+  if (want == 0) return "";
+  if (pos[2].empty()) return absl::StrCat(name, ": ", verb.operand, " is empty");
+  (verb.command == Command::kJobSubmit ? inv->spec_path : inv->job_id) = pos[2];
+  return "";
+}
+
+// Flags that belong to one command only: refused on the others.
+std::string TakeCommandFlags(const RawArgs& raw, Invocation* inv) {
+  const std::string name = CommandName(inv->command);
+  const auto not_a_flag = [&name](absl::string_view flag) {
+    return absl::StrCat(flag, " is not a flag of '", name, "'");
+  };
+  if (inv->command != Command::kJobSubmit) {
+    if (raw.request_id.has_value()) return not_a_flag("--request-id");
+    if (raw.watch) return not_a_flag("--watch");
+  }
+  if (inv->command != Command::kWorkerList && raw.job.has_value()) return not_a_flag("--job");
+  if (inv->command != Command::kJobPlot && raw.out.has_value()) return not_a_flag("--out");
+  if (inv->command == Command::kJobPlot) {
+    if (!raw.out.has_value() || raw.out->empty()) {
+      return "job plot needs --out FILE.svg (- for stdout)";
+    }
+    inv->out_path = *raw.out;
+  }
+  if (raw.request_id.has_value()) {
+    if (raw.request_id->empty()) return "--request-id must not be empty";
+    inv->request_id = *raw.request_id;
+  }
+  inv->watch = raw.watch;
+  if (raw.job.has_value()) {
+    if (raw.job->empty()) return "--job must not be empty";
+    inv->job_id = *raw.job;
+  }
+  return "";
+}
+
+// Flags every command takes: output format, timeout, coordinator address.
+std::string TakeGlobalFlags(const RawArgs& raw, const std::string& env_coordinator,
+                            Invocation* inv) {
+  if (raw.output.has_value()) {
+    const std::string& o = *raw.output;
+    const bool logs = inv->command == Command::kJobLogs;
+    if (o == "table") {
+      inv->output = Output::kTable;
+    } else if (o == "json") {
+      inv->output = Output::kJson;
+    } else if (o == "jsonl" && logs) {
+      inv->output = Output::kJsonl;
+    } else if (o == "jsonl") {
+      return "-o jsonl is only for 'job logs'; use -o json";
+    } else {
+      return absl::StrCat("-o must be ", logs ? "table, json or jsonl" : "table or json",
+                          ", got \"", o, "\"");
+    }
+  }
+  if (raw.timeout.has_value()) {
+    absl::Duration d;
+    if (!absl::ParseDuration(*raw.timeout, &d) || d <= absl::ZeroDuration() ||
+        d == absl::InfiniteDuration()) {
+      return absl::StrCat("--timeout must be a positive duration like 500ms, 10s or 2m, got \"",
+                          *raw.timeout, "\"");
+    }
+    inv->timeout = d;
+    inv->timeout_given = true;
+  }
+  const std::pair<const std::optional<std::string>*, std::string*> files[] = {
+      {&raw.tls_ca, &inv->security.tls_ca},
+      {&raw.tls_cert, &inv->security.tls_cert},
+      {&raw.tls_key, &inv->security.tls_key},
+      {&raw.token_file, &inv->security.token_file},
+  };
+  for (const auto& [given, into] : files) {
+    if (!given->has_value()) continue;
+    if ((*given)->empty()) return "--tls-ca, --tls-cert, --tls-key and --token-file need a file";
+    *into = **given;
+  }
+  if (raw.coordinator.has_value()) {
+    if (raw.coordinator->empty()) return "--coordinator must not be empty";
+    inv->coordinator = *raw.coordinator;
+  } else if (!env_coordinator.empty()) {
+    inv->coordinator = env_coordinator;
+  } else {
+    inv->coordinator = kDefaultCoordinator;
+  }
+  return "";
+}
+
+}  // namespace
+
 ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& env_coordinator) {
   const RawArgs raw = Scan(args);
   const std::vector<std::string>& pos = raw.positionals;
@@ -291,94 +413,10 @@ ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& en
 
   Invocation inv;
   inv.command = verb->command;
-  const std::string name = CommandName(verb->command);
-  // Operands.
-  const size_t want = *verb->operand ? 1 : 0;
-  if (pos.size() - 2 < want) {
-    return UsageError(inv.command == Command::kJobSubmit
-                          ? absl::StrCat(name, " needs SPEC.json (a file, or - for stdin)")
-                          : absl::StrCat(name, " needs a job ID"),
-                      name);
-  }
-  if (pos.size() - 2 > want) {
-    return UsageError(absl::StrCat("unexpected argument \"", pos[2 + want], "\" for ", name), name);
-  }
-  if (want == 1) {
-    if (pos[2].empty())
-      return UsageError(absl::StrCat(name, ": ", verb->operand, " is empty"), name);
-    if (inv.command == Command::kJobSubmit) {
-      inv.spec_path = pos[2];
-    } else {
-      inv.job_id = pos[2];
-    }
-  }
-  // Flags of one command only.
-  if (inv.command != Command::kJobSubmit) {
-    if (raw.request_id.has_value()) {
-      return UsageError(absl::StrCat("--request-id is not a flag of '", name, "'"), name);
-    }
-    if (raw.watch) return UsageError(absl::StrCat("--watch is not a flag of '", name, "'"), name);
-  }
-  if (inv.command != Command::kWorkerList && raw.job.has_value()) {
-    return UsageError(absl::StrCat("--job is not a flag of '", name, "'"), name);
-  }
-  if (inv.command != Command::kJobPlot && raw.out.has_value()) {
-    return UsageError(absl::StrCat("--out is not a flag of '", name, "'"), name);
-  }
-  if (inv.command == Command::kJobPlot) {
-    if (!raw.out.has_value() || raw.out->empty()) {
-      return UsageError("job plot needs --out FILE.svg (- for stdout)", name);
-    }
-    inv.out_path = *raw.out;
-  }
-  if (raw.request_id.has_value()) {
-    if (raw.request_id->empty()) return UsageError("--request-id must not be empty", name);
-    inv.request_id = *raw.request_id;
-  }
-  inv.watch = raw.watch;
-  if (raw.job.has_value()) {
-    if (raw.job->empty()) return UsageError("--job must not be empty", name);
-    inv.job_id = *raw.job;
-  }
-  // Global flags.
-  if (raw.output.has_value()) {
-    const std::string& o = *raw.output;
-    const bool logs = inv.command == Command::kJobLogs;
-    if (o == "table") {
-      inv.output = Output::kTable;
-    } else if (o == "json") {
-      inv.output = Output::kJson;
-    } else if (o == "jsonl" && logs) {
-      inv.output = Output::kJsonl;
-    } else if (o == "jsonl") {
-      return UsageError("-o jsonl is only for 'job logs'; use -o json", name);
-    } else {
-      return UsageError(absl::StrCat("-o must be ", logs ? "table, json or jsonl" : "table or json",
-                                     ", got \"", o, "\""),
-                        name);
-    }
-  }
-  if (raw.timeout.has_value()) {
-    absl::Duration d;
-    if (!absl::ParseDuration(*raw.timeout, &d) || d <= absl::ZeroDuration() ||
-        d == absl::InfiniteDuration()) {
-      return UsageError(absl::StrCat("--timeout must be a positive duration like 500ms, 10s or 2m, "
-                                     "got \"",
-                                     *raw.timeout, "\""),
-                        name);
-    }
-    inv.timeout = d;
-    inv.timeout_given = true;
-  }
-  if (raw.coordinator.has_value()) {
-    if (raw.coordinator->empty()) return UsageError("--coordinator must not be empty", name);
-    inv.coordinator = *raw.coordinator;
-  } else if (!env_coordinator.empty()) {
-    inv.coordinator = env_coordinator;
-  } else {
-    inv.coordinator = kDefaultCoordinator;
-  }
-
+  std::string problem = TakeOperand(*verb, pos, &inv);
+  if (problem.empty()) problem = TakeCommandFlags(raw, &inv);
+  if (problem.empty()) problem = TakeGlobalFlags(raw, env_coordinator, &inv);
+  if (!problem.empty()) return UsageError(problem, level);
   ParsedArgs p;
   p.kind = ParsedArgs::Kind::kRun;
   p.invocation = std::move(inv);

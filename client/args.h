@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace trainstep::client {
 
@@ -21,9 +22,8 @@ enum ExitCode : int {
   kExitJobFailed = 5,     // the watched job FAILED
   kExitJobCancelled = 6,  // the watched job was CANCELLED
   kExitNoProgress = 7,    // job watch --timeout: the job made no progress for that long
+  kExitDenied = 8,        // UNAUTHENTICATED or PERMISSION_DENIED: no credential, or no role
 };
-
-inline constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
 
 enum class Command {
   kJobSubmit,
@@ -52,6 +52,9 @@ struct Invocation {
   std::string request_id;  // job submit --request-id; empty = derived from the spec
   bool watch = false;      // job submit --watch
   std::string out_path;    // job plot --out; "-" = stdout
+  // --tls-ca, --tls-cert, --tls-key, --token-file as given; their variables fill the gaps
+  // when the CLI connects (common/tls.h ResolveChannelSecurity).
+  ChannelSecurityFlags security;
 };
 
 struct ParsedArgs {

@@ -18,6 +18,7 @@ ProcessEnvironment ReadProcessEnvironment() {
   env.no_color = std::getenv("NO_COLOR") != nullptr;
   env.stdout_tty = isatty(STDOUT_FILENO) == 1;
   env.stderr_tty = isatty(STDERR_FILENO) == 1;
+  env.security_env = ProcessEnv();
   return env;
 }
 
@@ -36,11 +37,18 @@ int RunCli(const std::vector<std::string>& args, const ProcessEnvironment& env, 
       break;
   }
   const Invocation& inv = parsed.invocation;
+  const bool color_err = env.stderr_tty && !env.no_color;
+  absl::StatusOr<ChannelSecurity> security = ResolveChannelSecurity(inv.security, env.security_env);
+  if (!security.ok()) {
+    err << Colorize("error:", Color::kRed, color_err) << " " << security.status().message() << "\n";
+    return kExitUsage;
+  }
   // Keepalive and UNAVAILABLE retries as every trainstep client; the watch stream relies on
   // the keepalive to notice a vanished coordinator.
   std::unique_ptr<v1::JobService::Stub> stub =
-      v1::JobService::NewStub(MakeChannel(inv.coordinator));
+      v1::JobService::NewStub(MakeChannel(inv.coordinator, *security));
   CommandContext ctx;
+  ctx.security = *security;
   ctx.stub = stub.get();
   ctx.coordinator = inv.coordinator;
   ctx.timeout = inv.timeout;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tls.h"
+
 namespace trainstep::client {
 
 // What the CLI reads from its process besides the arguments.
@@ -16,6 +18,8 @@ struct ProcessEnvironment {
   bool no_color = false;    // $NO_COLOR is set
   bool stdout_tty = false;
   bool stderr_tty = false;
+  // TRAINSTEP_TLS_CA, TRAINSTEP_TLS_CERT, TRAINSTEP_TLS_KEY, TRAINSTEP_TOKEN ("" = unset).
+  EnvLookup security_env = [](const char*) { return std::string(); };
 };
 
 ProcessEnvironment ReadProcessEnvironment();

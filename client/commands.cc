@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -20,8 +21,11 @@
 #include "client/format.h"
 #include "client/plot.h"
 #include "client/progress.h"
+#include "common/fnv1a.h"
+#include "common/job_state.h"
 #include "common/proto_json.h"
 #include "common/spec.h"
+#include "common/window_outcome.h"
 #include "common/worker_client.h"
 
 namespace trainstep::client {
@@ -59,6 +63,20 @@ grpc::Status CallAllPages(const CommandContext& ctx, Method method, Req req, Res
   }
 }
 
+// The job's whole per-update log, oldest first, fetched a page (≤ 1000 records) at a time.
+grpc::Status AllUpdates(const CommandContext& ctx, const std::string& job_id,
+                        std::vector<v1::UpdateRecord>* records) {
+  v1::ListUpdatesRequest req;
+  req.set_job_id(job_id);
+  req.set_page_size(1000);
+  v1::ListUpdatesResponse all;
+  grpc::Status s = CallAllPages(ctx, &v1::JobService::StubInterface::ListUpdates, req, &all);
+  if (!s.ok()) return s;
+  records->assign(std::make_move_iterator(all.mutable_updates()->begin()),
+                  std::make_move_iterator(all.mutable_updates()->end()));
+  return grpc::Status::OK;
+}
+
 void PrintError(const CommandContext& ctx, const std::string& message) {
   *ctx.err << Colorize("error:", Color::kRed, ctx.color_err) << " " << message << "\n";
 }
@@ -82,14 +100,6 @@ std::string JsonArray(const Messages& messages, bool pretty) {
   return s;
 }
 
-uint64_t Fnv1a(std::string_view bytes, uint64_t h = 14695981039346656037ull) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 int64_t UnixMinute(absl::Time now) { return absl::ToUnixSeconds(now) / 60; }
@@ -105,9 +115,7 @@ std::string Age(int64_t unix_ms, absl::Time now) {
   return unix_ms > 0 ? ShortDuration(now - absl::FromUnixMillis(unix_ms)) : "-";
 }
 
-bool Ended(const v1::Job& job) {
-  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
-}
+bool Ended(const v1::Job& job) { return IsTerminal(job.state()); }
 
 std::string UpdatesOfMax(const v1::Job& job) {
   const int64_t max = MaxUpdates(job);
@@ -215,7 +223,8 @@ int ReadSpec(const CommandContext& ctx, const std::string& path, std::string* by
 }  // namespace
 
 std::string DefaultRequestId(std::string_view spec_bytes, absl::Time now) {
-  return absl::StrFormat("submit-%016x-%d", Fnv1a(spec_bytes), UnixMinute(now));
+  return absl::StrFormat("submit-%016x-%d", Fnv1a64(spec_bytes.data(), spec_bytes.size()),
+                         UnixMinute(now));
 }
 
 int ExitCodeOfJob(const v1::Job& job) {
@@ -253,10 +262,22 @@ int ReportRpcError(const CommandContext& ctx, const grpc::Status& status) {
     case grpc::StatusCode::NOT_FOUND:
       PrintError(ctx, status.error_message());
       return kExitNotFound;
-    case grpc::StatusCode::UNAVAILABLE:
-      PrintError(ctx,
-                 absl::StrCat("coordinator at ", ctx.coordinator, " is not reachable: ", hint));
+    case grpc::StatusCode::UNAVAILABLE: {
+      const std::string security = ExplainSecurityFailure(
+          absl::Status(absl::StatusCode::kUnavailable, status.error_message()), ctx.security,
+          ctx.coordinator);
+      PrintError(ctx, security.empty() ? absl::StrCat("coordinator at ", ctx.coordinator,
+                                                      " is not reachable: ", hint)
+                                       : security);
       return kExitUnavailable;
+    }
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      PrintError(ctx, absl::StrCat(status.error_code() == grpc::StatusCode::UNAUTHENTICATED
+                                       ? "not authenticated: "
+                                       : "permission denied: ",
+                                   status.error_message()));
+      return kExitDenied;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       PrintError(ctx, absl::StrCat("coordinator at ", ctx.coordinator, " did not answer within ",
                                    absl::FormatDuration(ctx.timeout),
@@ -338,7 +359,10 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
       {"micro-step id", absl::StrCat(p.micro_step_id())},
       {"windows per epoch", count_or_dash(p.windows_per_epoch())},
       {"dataset samples", count_or_dash(p.dataset_samples())},
-      {"generation", absl::StrCat(p.generation())},
+      {"generation", absl::StrCat(p.generation(),
+                                  p.rollbacks() > 0 ? absl::StrCat(" (", p.rollbacks(),
+                                                                   " rolled back to a checkpoint)")
+                                                    : "")},
       {"world size", Workers(job)},
       {IsTokenLevel(job.spec()) ? "tokens" : "samples", absl::StrCat(p.cumulative_tokens())},
       {"loss", LastLoss(job)},
@@ -355,6 +379,7 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
                     ")")},
   };
   kv.insert(kv.end(), rest.begin(), rest.end());
+  if (!p.waiting().empty()) kv.emplace_back("waiting", p.waiting());  // short of workers
   if (job.spec().batch().tail() == v1::Batch::drop) {
     // Every epoch drops as many samples; the latest epoch's record names them.
     kv.emplace_back("dropped tail", p.has_last_dropped_tail()
@@ -403,6 +428,7 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
   std::optional<std::pair<int64_t, int64_t>> last_record;
   v1::JobState shown_state = v1::JOB_STATE_UNSPECIFIED;
   int64_t shown_generation = -1;
+  std::string shown_waiting;
   std::optional<absl::Time> broken_since;
   // --timeout: the stream's deadline is the moment the job has made no progress (a new state
   // or a new update) for that long; reaching it with progress since, the stream is resumed.
@@ -432,11 +458,15 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
         tracker.OnJob(event.job(), now);
         const v1::Job& job = event.job();
         if (!ctx.live_progress &&
-            (job.state() != shown_state || job.progress().generation() != shown_generation)) {
+            (job.state() != shown_state || job.progress().generation() != shown_generation ||
+             job.progress().waiting() != shown_waiting)) {
           *ctx.err << "job " << job.job_id() << " " << JobStateName(job.state()) << " (generation "
-                   << job.progress().generation() << ", world size " << Workers(job) << ")\n";
+                   << job.progress().generation() << ", world size " << Workers(job)
+                   << (job.progress().waiting().empty() ? "" : "; ") << job.progress().waiting()
+                   << ")\n";
           shown_state = job.state();
           shown_generation = job.progress().generation();
+          shown_waiting = job.progress().waiting();
         }
       } else if (event.has_update()) {
         const v1::UpdateRecord& r = event.update();
@@ -519,18 +549,7 @@ int JobCancel(const CommandContext& ctx, const std::string& job_id) {
 
 int JobLogs(const CommandContext& ctx, const std::string& job_id) {
   std::vector<v1::UpdateRecord> records;
-  std::string token;
-  do {
-    v1::ListUpdatesRequest req;
-    req.set_job_id(job_id);
-    req.set_page_size(1000);
-    req.set_page_token(token);
-    v1::ListUpdatesResponse resp;
-    grpc::Status s = Call(ctx, &v1::JobService::StubInterface::ListUpdates, req, &resp);
-    if (!s.ok()) return ReportRpcError(ctx, s);
-    for (v1::UpdateRecord& r : *resp.mutable_updates()) records.push_back(std::move(r));
-    token = resp.next_page_token();
-  } while (!token.empty());
+  if (grpc::Status s = AllUpdates(ctx, job_id, &records); !s.ok()) return ReportRpcError(ctx, s);
 
   switch (ctx.output) {
     case Output::kJsonl:
@@ -552,9 +571,10 @@ int JobLogs(const CommandContext& ctx, const std::string& job_id) {
   });
   std::vector<std::vector<Cell>> rows;
   for (const v1::UpdateRecord& r : records) {
-    const Color c = r.outcome() == "abort"  ? Color::kRed
-                    : r.outcome() == "skip" ? Color::kYellow
-                                            : Color::kNone;
+    const v1::WindowOutcome outcome = OutcomeOf(r);
+    const Color c = outcome == v1::ABORT  ? Color::kRed
+                    : outcome == v1::SKIP ? Color::kYellow
+                                          : Color::kNone;
     std::vector<Cell> row = {absl::StrCat(r.window_id()),
                              absl::StrCat(r.generation()),
                              absl::StrCat(r.world_size()),
@@ -599,18 +619,9 @@ int JobPlot(const CommandContext& ctx, const std::string& job_id, const std::str
     input.job_id = job.job_id();
     input.job_name = job.name();
   }
-  std::string token;
-  do {
-    v1::ListUpdatesRequest req;
-    req.set_job_id(job_id);
-    req.set_page_size(1000);
-    req.set_page_token(token);
-    v1::ListUpdatesResponse resp;
-    grpc::Status s = Call(ctx, &v1::JobService::StubInterface::ListUpdates, req, &resp);
-    if (!s.ok()) return ReportRpcError(ctx, s);
-    for (v1::UpdateRecord& r : *resp.mutable_updates()) input.records.push_back(std::move(r));
-    token = resp.next_page_token();
-  } while (!token.empty());
+  if (grpc::Status s = AllUpdates(ctx, job_id, &input.records); !s.ok()) {
+    return ReportRpcError(ctx, s);
+  }
 
   const std::string svg = RenderPlotSvg(input);
   if (out_path == "-") {

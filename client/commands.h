@@ -15,13 +15,15 @@
 #include "absl/time/time.h"
 #include "client/args.h"
 #include "common/clock.h"
+#include "common/tls.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 
 namespace trainstep::client {
 
 struct CommandContext {
   v1::JobService::StubInterface* stub = nullptr;
-  std::string coordinator;  // the address, for messages
+  std::string coordinator;   // the address, for messages
+  ChannelSecurity security;  // how the stub's channel connects, for messages
   absl::Duration timeout = absl::Seconds(10);
   Output output = Output::kTable;
   std::istream* in = nullptr;   // `job submit -` reads the spec here
@@ -55,7 +57,8 @@ int RunCommand(const CommandContext& ctx, const Invocation& invocation);
 // Prints what a failed call means on ctx.err and returns its exit code: INVALID_ARGUMENT,
 // ALREADY_EXISTS (a reused request id) and a message over the size limit (RESOURCE_EXHAUSTED)
 // → 2 (the coordinator's message as is), UNAVAILABLE / DEADLINE_EXCEEDED → 3 (with what to
-// do), NOT_FOUND → 4, anything else → 1.
+// do, or what is wrong with TLS), NOT_FOUND → 4, UNAUTHENTICATED / PERMISSION_DENIED → 8,
+// anything else → 1.
 int ReportRpcError(const CommandContext& ctx, const grpc::Status& status);
 
 // The default request id of `job submit`: a hash of the spec's bytes and the minute of `now`,

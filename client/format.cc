@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/spec.h"
+#include "common/window_outcome.h"
 
 namespace trainstep::client {
 namespace {
@@ -88,20 +89,8 @@ std::string FormatLossScale(double scale) {
 std::string FormatLearningRate(double lr) { return absl::StrFormat("%.1e", lr); }
 
 std::string JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::PENDING:
-      return "PENDING";
-    case v1::RUNNING:
-      return "RUNNING";
-    case v1::SUCCEEDED:
-      return "SUCCEEDED";
-    case v1::FAILED:
-      return "FAILED";
-    case v1::CANCELLED:
-      return "CANCELLED";
-    default:
-      return "UNKNOWN";
-  }
+  if (state == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(state)) return "UNKNOWN";
+  return v1::JobState_Name(state);
 }
 
 std::string Colorize(const std::string& text, Color color, bool enabled) {
@@ -190,12 +179,12 @@ std::string ProgressLine(const ProgressView& v) {
   absl::StrAppend(&s, "  scale ", FormatLossScale(v.loss_scale), "  lr ",
                   FormatLearningRate(v.learning_rate), "  skipped ", v.skipped);
   if (v.total > 0 && v.eta.has_value()) absl::StrAppend(&s, "  ETA ", ShortDuration(*v.eta));
+  if (!v.waiting.empty()) absl::StrAppend(&s, "  (", v.waiting, ")");
   return s;
 }
 
 std::string UpdateLine(const v1::UpdateRecord& r) {
-  std::string s = absl::StrCat("window ", r.window_id(), " ", r.outcome());
-  if (!r.reason().empty()) absl::StrAppend(&s, " ", r.reason());
+  std::string s = absl::StrCat("window ", r.window_id(), " ", OutcomeText(r));
   absl::StrAppend(
       &s, " update=", r.optimizer_update_id(), " loss=", absl::StrFormat("%.5g", r.loss()),
       " lr=", absl::StrFormat("%g", r.learning_rate()), " scale=", FormatLossScale(r.loss_scale()),
@@ -240,7 +229,7 @@ int64_t MaxUpdates(const v1::Job& job) {
   const v1::JobProgress& p = job.progress();
   if (p.max_updates() > 0) return p.max_updates();
   if (p.windows_per_epoch() > 0 && job.spec().stop().epochs() > 0) {
-    return p.windows_per_epoch() * job.spec().stop().epochs();
+    return JobTotalWindows(job.spec(), p.windows_per_epoch());
   }
   return 0;
 }

@@ -68,6 +68,7 @@ struct ProgressView {
   double learning_rate = 0;
   int64_t skipped = 0;
   std::optional<absl::Duration> eta;  // shown only with a total
+  std::string waiting;                // what a job short of workers waits for ("" = training)
 };
 
 // "update 120/200 [#######.....] 3.1k tok/s  2.1 upd/s  loss 2.314  eval 2.402  scale 65536

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/window_outcome.h"
 
 namespace trainstep::client {
 namespace {
@@ -185,119 +189,139 @@ void Text(std::string* svg, double x, double y, const std::string& attrs, const 
                   "</text>\n");
 }
 
-void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr,
-               const std::vector<Mark>& marks, bool last) {
-  const double left = kLeft, right = kWidth - kRight, bottom = top + kPanelHeight;
-  const Range yr = YRange(p);
-  absl::StrAppend(svg, "<g class=\"panel\" id=\"panel-", index, "\">\n");
+// Where a panel lies on the page and what its axes span.
+struct Frame {
+  double left, right, top, bottom;
+  Range xr, yr;
+};
 
-  // Title, with what could not be drawn.
-  int undrawable = 0, drawable = 0;
+// How many of the panel's points can be drawn (finite; positive on a log axis).
+int CountDrawable(const Panel& p) {
+  int drawable = 0;
   for (const Series& s : p.series) {
     for (const Point& pt : s.points) {
       double y;
-      (Drawable(p, pt.y, &y) ? drawable : undrawable)++;
+      drawable += Drawable(p, pt.y, &y);
     }
   }
+  return drawable;
+}
+
+// The title, with how many values could not be drawn, and the series' legend right-aligned
+// on its line.
+void DrawTitle(std::string* svg, const Panel& p, const Frame& f, int undrawable) {
   std::string title = p.title;
   if (undrawable > 0) {
     absl::StrAppend(&title, "  (", undrawable,
                     p.log2 ? " non-positive or non-finite" : " non-finite",
                     undrawable == 1 ? " value" : " values", " not drawn)");
   }
-  Text(svg, left, top - 10, "font-size=\"13\" font-weight=\"bold\" fill=\"#212529\"", title);
-  // Legend of the series, right-aligned on the title line.
-  double lx = right;
+  Text(svg, f.left, f.top - 10, "font-size=\"13\" font-weight=\"bold\" fill=\"#212529\"", title);
+  double lx = f.right;
   for (auto it = p.series.rbegin(); it != p.series.rend(); ++it) {
     lx -= 8.0 + 7.0 * static_cast<double>(it->label.size());
-    Text(svg, lx, top - 10, "font-size=\"11\" fill=\"#495057\"", it->label);
-    Line(svg, lx - 22, top - 14, lx - 4, top - 14,
+    Text(svg, lx, f.top - 10, "font-size=\"11\" fill=\"#495057\"", it->label);
+    Line(svg, lx - 22, f.top - 14, lx - 4, f.top - 14,
          absl::StrCat("stroke=\"", it->color, "\" stroke-width=\"2\""));
     lx -= 30;
   }
+}
 
-  // Grid, ticks and their labels.
+// Grid, ticks and their labels; the x axis's name under the last panel only.
+void DrawAxes(std::string* svg, const Panel& p, const Frame& f, bool last) {
   const std::vector<double> yticks =
-      p.log2 ? LinearTicks(yr, 5, /*integers=*/true) : LinearTicks(yr, 5, /*integers=*/false);
+      p.log2 ? LinearTicks(f.yr, 5, /*integers=*/true) : LinearTicks(f.yr, 5, /*integers=*/false);
   for (double t : yticks) {
-    const double y = Map(t, yr, bottom, top);
-    Line(svg, left, y, right, y, absl::StrCat("stroke=\"", kGridColor, "\""));
-    Line(svg, left - 4, y, left, y, absl::StrCat("stroke=\"", kAxisColor, "\""));
-    Text(svg, left - 7, y + 4, "font-size=\"11\" text-anchor=\"end\" fill=\"#495057\"",
+    const double y = Map(t, f.yr, f.bottom, f.top);
+    Line(svg, f.left, y, f.right, y, absl::StrCat("stroke=\"", kGridColor, "\""));
+    Line(svg, f.left - 4, y, f.left, y, absl::StrCat("stroke=\"", kAxisColor, "\""));
+    Text(svg, f.left - 7, y + 4, "font-size=\"11\" text-anchor=\"end\" fill=\"#495057\"",
          p.log2 ? Pow2Label(t) : TickLabel(t));
   }
-  for (double t : LinearTicks(xr, 8, /*integers=*/true)) {
-    const double x = Map(t, xr, left, right);
-    Line(svg, x, top, x, bottom, absl::StrCat("stroke=\"", kGridColor, "\""));
-    Line(svg, x, bottom, x, bottom + 4, absl::StrCat("stroke=\"", kAxisColor, "\""));
-    Text(svg, x, bottom + 17, "font-size=\"11\" text-anchor=\"middle\" fill=\"#495057\"",
+  for (double t : LinearTicks(f.xr, 8, /*integers=*/true)) {
+    const double x = Map(t, f.xr, f.left, f.right);
+    Line(svg, x, f.top, x, f.bottom, absl::StrCat("stroke=\"", kGridColor, "\""));
+    Line(svg, x, f.bottom, x, f.bottom + 4, absl::StrCat("stroke=\"", kAxisColor, "\""));
+    Text(svg, x, f.bottom + 17, "font-size=\"11\" text-anchor=\"middle\" fill=\"#495057\"",
          TickLabel(t));
   }
   if (last) {
-    Text(svg, (left + right) / 2, bottom + 38,
+    Text(svg, (f.left + f.right) / 2, f.bottom + 38,
          "font-size=\"12\" text-anchor=\"middle\" fill=\"#212529\"", "optimizer_update_id");
   }
+}
 
-  // Skipped and aborted windows, across the whole panel height.
+// Skipped and aborted windows, across the whole panel height.
+void DrawMarks(std::string* svg, const std::vector<Mark>& marks, const Frame& f) {
   for (const Mark& m : marks) {
-    const double x = Map(m.x, xr, left, right);
+    const double x = Map(m.x, f.xr, f.left, f.right);
     absl::StrAppend(svg, "<line class=\"", m.abort ? "mark-abort" : "mark-skip", "\" x1=\"", Num(x),
-                    "\" y1=\"", Num(top), "\" x2=\"", Num(x), "\" y2=\"", Num(bottom),
+                    "\" y1=\"", Num(f.top), "\" x2=\"", Num(x), "\" y2=\"", Num(f.bottom),
                     "\" stroke=\"", m.abort ? kAbortColor : kSkipColor,
                     "\" stroke-width=\"1.5\" stroke-opacity=\"0.7\"><title>", Escape(m.tooltip),
                     "</title></line>\n");
   }
+}
 
-  // The series: one polyline per run of drawable points going forward in x.
-  for (const Series& s : p.series) {
-    std::vector<std::vector<std::pair<double, double>>> runs(1);
-    double prev_x = -HUGE_VAL;
-    for (const Point& pt : s.points) {
-      double y;
-      if (!Drawable(p, pt.y, &y) || pt.x < prev_x) {
-        if (!runs.back().empty()) runs.emplace_back();
-        if (!Drawable(p, pt.y, &y)) continue;
-      }
-      const double px = Map(pt.x, xr, left, right);
-      const double py = Map(y, yr, bottom, top);
-      if (s.steps && !runs.back().empty()) runs.back().emplace_back(px, runs.back().back().second);
-      runs.back().emplace_back(px, py);
-      prev_x = pt.x;
+// One series: a polyline per run of drawable points going forward in x, and dots on its
+// data points when `dots` (a single point would otherwise be invisible).
+void DrawSeries(std::string* svg, const Panel& p, const Series& s, const Frame& f, bool dots) {
+  std::vector<std::vector<std::pair<double, double>>> runs(1);
+  double prev_x = -HUGE_VAL;
+  for (const Point& pt : s.points) {
+    double y;
+    if (!Drawable(p, pt.y, &y) || pt.x < prev_x) {
+      if (!runs.back().empty()) runs.emplace_back();
+      if (!Drawable(p, pt.y, &y)) continue;
     }
-    for (const auto& run : runs) {
-      if (run.empty()) continue;
-      if (run.size() > 1) {
-        std::string points;
-        for (const auto& [x, y] : run)
-          absl::StrAppend(&points, points.empty() ? "" : " ", Num(x), ",", Num(y));
-        absl::StrAppend(svg, "<polyline class=\"series\" fill=\"none\" stroke=\"", s.color,
-                        "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"", points,
-                        "\"/>\n");
-      }
+    const double px = Map(pt.x, f.xr, f.left, f.right);
+    const double py = Map(y, f.yr, f.bottom, f.top);
+    if (s.steps && !runs.back().empty()) runs.back().emplace_back(px, runs.back().back().second);
+    runs.back().emplace_back(px, py);
+    prev_x = pt.x;
+  }
+  for (const auto& run : runs) {
+    if (run.size() < 2) continue;
+    std::string points;
+    for (const auto& [x, y] : run) {
+      absl::StrAppend(&points, points.empty() ? "" : " ", Num(x), ",", Num(y));
     }
-    // Dots where there are few points (a single one would otherwise be invisible).
-    if (drawable <= 120) {
-      for (const auto& run : runs) {
-        for (size_t i = 0; i < run.size(); ++i) {
-          if (s.steps && i % 2 == 1) continue;  // the corners of a step are not data
-          absl::StrAppend(svg, "<circle cx=\"", Num(run[i].first), "\" cy=\"", Num(run[i].second),
-                          "\" r=\"2.2\" fill=\"", s.color, "\"/>\n");
-        }
-      }
+    absl::StrAppend(svg, "<polyline class=\"series\" fill=\"none\" stroke=\"", s.color,
+                    "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"", points,
+                    "\"/>\n");
+  }
+  if (!dots) return;
+  for (const auto& run : runs) {
+    for (size_t i = 0; i < run.size(); ++i) {
+      if (s.steps && i % 2 == 1) continue;  // the corners of a step are not data
+      absl::StrAppend(svg, "<circle cx=\"", Num(run[i].first), "\" cy=\"", Num(run[i].second),
+                      "\" r=\"2.2\" fill=\"", s.color, "\"/>\n");
     }
   }
+}
+
+void DrawPanel(std::string* svg, const Panel& p, int index, double top, Range xr,
+               const std::vector<Mark>& marks, bool last) {
+  const Frame f{kLeft, kWidth - kRight, top, top + kPanelHeight, xr, YRange(p)};
+  absl::StrAppend(svg, "<g class=\"panel\" id=\"panel-", index, "\">\n");
+  const int drawable = CountDrawable(p);
+  int points = 0;
+  for (const Series& s : p.series) points += static_cast<int>(s.points.size());
+  DrawTitle(svg, p, f, points - drawable);
+  DrawAxes(svg, p, f, last);
+  DrawMarks(svg, marks, f);
+  for (const Series& s : p.series) DrawSeries(svg, p, s, f, /*dots=*/drawable <= 120);
   if (drawable == 0) {
-    Text(svg, (left + right) / 2, (top + bottom) / 2 + 4,
+    Text(svg, (f.left + f.right) / 2, (f.top + f.bottom) / 2 + 4,
          "font-size=\"12\" text-anchor=\"middle\" fill=\"#868e96\"", "no data");
   }
-  absl::StrAppend(svg, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"",
-                  Num(right - left), "\" height=\"", Num(kPanelHeight),
+  absl::StrAppend(svg, "<rect x=\"", Num(f.left), "\" y=\"", Num(f.top), "\" width=\"",
+                  Num(f.right - f.left), "\" height=\"", Num(kPanelHeight),
                   "\" fill=\"none\" stroke=\"", kAxisColor, "\"/>\n</g>\n");
 }
 
-}  // namespace
-
-std::string RenderPlotSvg(const PlotInput& input) {
+// The panels as the log fills them, before they are laid out.
+struct Panels {
   Panel loss{"loss", false, {{"loss", kLossColor, {}, false}}};
   Panel lr{"learning rate", false, {{"lr", kLrColor, {}, false}}};
   Panel scale{"loss scale (log\u2082 axis)", true, {{"loss scale", kScaleColor, {}, true}}};
@@ -310,47 +334,83 @@ std::string RenderPlotSvg(const PlotInput& input) {
                true,
                {{"scaled", kScaledColor, {}, false}}};
   Series eval{"eval (held-out)", kEvalColor, {}, false};
-  std::vector<Mark> marks;
-  int64_t commits = 0, skips = 0, aborts = 0, dropped = 0, dropped_epochs = 0;
-  for (const v1::UpdateRecord& r : input.records) {
+
+  // A commit's values, at x = its optimizer_update_id.
+  void AddCommit(const v1::UpdateRecord& r) {
     const double id = static_cast<double>(r.optimizer_update_id());
-    if (r.has_dropped_tail()) {
-      dropped += r.dropped_tail().samples();
-      ++dropped_epochs;
+    loss.series[0].points.push_back({id, r.loss()});
+    if (r.has_eval_loss()) eval.points.push_back({id, r.eval_loss()});
+    lr.series[0].points.push_back({id, r.learning_rate()});
+    norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
+    norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
+    scale.series[0].points.push_back({id, r.loss_scale()});
+    if (r.has_update_interval_seconds()) {
+      interval.series[0].points.push_back({id, r.update_interval_seconds()});
     }
-    if (r.outcome() == "commit") {
-      ++commits;
-      loss.series[0].points.push_back({id, r.loss()});
-      if (r.has_eval_loss()) eval.points.push_back({id, r.eval_loss()});
-      lr.series[0].points.push_back({id, r.learning_rate()});
-      norm.series[0].points.push_back({id, r.grad_norm_pre_clip()});
-      norm.series[1].points.push_back({id, r.grad_norm_post_clip()});
-      scale.series[0].points.push_back({id, r.loss_scale()});
-      if (r.has_update_interval_seconds()) {
-        interval.series[0].points.push_back({id, r.update_interval_seconds()});
-      }
-      if (r.has_grad_norm_scaled()) scaled.series[0].points.push_back({id, r.grad_norm_scaled()});
+    if (r.has_grad_norm_scaled()) scaled.series[0].points.push_back({id, r.grad_norm_scaled()});
+  }
+
+  // Top to bottom, the optional ones only with data.
+  std::vector<Panel> InPageOrder() const {
+    Panel with_eval = loss;
+    // The held-out loss shares the training loss's panel (same units), only in jobs with
+    // spec.eval.
+    if (!eval.points.empty()) with_eval.series.push_back(eval);
+    std::vector<Panel> panels = {with_eval, lr, scale, norm};
+    // The probe's panel only for a job with a loss scaler.
+    if (!scaled.series[0].points.empty()) panels.push_back(scaled);
+    panels.push_back(interval);
+    return panels;
+  }
+};
+
+// What the subtitle counts.
+struct Counts {
+  int64_t commits = 0, skips = 0, aborts = 0;
+  int64_t dropped = 0, dropped_epochs = 0;  // samples left out by batch.tail drop, and epochs
+};
+
+// The log drawn: its panels, the marks of its skipped and aborted windows, its counts.
+struct Plot {
+  std::vector<Panel> panels;
+  std::vector<Mark> marks;
+  Counts counts;
+};
+
+// Skipped and aborted windows become marks at x = optimizer_update_id + 0.5.
+Plot ReadLog(const std::vector<v1::UpdateRecord>& records) {
+  Panels panels;
+  Plot plot;
+  Counts& n = plot.counts;
+  for (const v1::UpdateRecord& r : records) {
+    if (r.has_dropped_tail()) {
+      n.dropped += r.dropped_tail().samples();
+      ++n.dropped_epochs;
+    }
+    const v1::WindowOutcome outcome = OutcomeOf(r);
+    if (outcome == v1::COMMIT) {
+      ++n.commits;
+      panels.AddCommit(r);
       continue;
     }
-    const bool abort = r.outcome() != "skip";
-    (abort ? aborts : skips)++;
-    marks.push_back({id + 0.5, abort,
-                     absl::StrCat("window ", r.window_id(), " (generation ", r.generation(),
-                                  "): ", r.outcome(), r.reason().empty() ? "" : " ", r.reason(),
-                                  " after update ", r.optimizer_update_id())});
+    const bool abort = outcome != v1::SKIP;
+    (abort ? n.aborts : n.skips)++;
+    const double x = static_cast<double>(r.optimizer_update_id()) + 0.5;
+    plot.marks.push_back(
+        {x, abort,
+         absl::StrCat("window ", r.window_id(), " (generation ", r.generation(),
+                      "): ", OutcomeText(r), " after update ", r.optimizer_update_id())});
     // A skip can change the scale (overflow backs it off); an abort changes nothing.
-    if (!abort) scale.series[0].points.push_back({id + 0.5, r.loss_scale()});
+    if (!abort) panels.scale.series[0].points.push_back({x, r.loss_scale()});
   }
-  // The held-out loss shares the training loss's panel (same units), only in jobs with spec.eval.
-  if (!eval.points.empty()) loss.series.push_back(std::move(eval));
-  std::vector<Panel> panels = {loss, lr, scale, norm};
-  // The probe's panel only for a job with a loss scaler.
-  if (!scaled.series[0].points.empty()) panels.push_back(scaled);
-  panels.push_back(interval);
+  plot.panels = panels.InPageOrder();
+  return plot;
+}
 
-  // One x range for every panel: the data and the marks.
+// One x range for every panel: the data and the marks.
+Range XRange(const Plot& plot) {
   double xlo = HUGE_VAL, xhi = -HUGE_VAL;
-  for (const Panel& p : panels) {
+  for (const Panel& p : plot.panels) {
     for (const Series& s : p.series) {
       for (const Point& pt : s.points) {
         xlo = std::min(xlo, pt.x);
@@ -358,50 +418,60 @@ std::string RenderPlotSvg(const PlotInput& input) {
       }
     }
   }
-  for (const Mark& m : marks) {
+  for (const Mark& m : plot.marks) {
     xlo = std::min(xlo, m.x);
     xhi = std::max(xhi, m.x);
   }
-  Range xr{0, 1};
-  if (xlo <= xhi) {
-    const double pad = std::max(0.5, (xhi - xlo) * 0.01);
-    xr = {xlo - pad, xhi + pad};
-  }
+  if (xlo > xhi) return Range{0, 1};
+  const double pad = std::max(0.5, (xhi - xlo) * 0.01);
+  return {xlo - pad, xhi + pad};
+}
 
-  const double height = kHeader + panels.size() * (kPanelHeight + kPanelGap) + kFooter;
-  std::string svg =
-      absl::StrCat("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
-                   "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", Num(kWidth),
-                   "\" height=\"", Num(height), "\" viewBox=\"0 0 ", Num(kWidth), " ", Num(height),
-                   "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
+// The document's opening, its title (job id and name), the subtitle's counts and the legend
+// of the marks.
+void DrawHeader(std::string* svg, const PlotInput& input, const Counts& n, double height) {
+  absl::StrAppend(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n",
+                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", Num(kWidth), "\" height=\"",
+                  Num(height), "\" viewBox=\"0 0 ", Num(kWidth), " ", Num(height),
+                  "\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n");
   std::string title = input.job_id;
   if (!input.job_name.empty()) absl::StrAppend(&title, " \u2014 ", input.job_name);
-  absl::StrAppend(&svg, "<title>", Escape(title), "</title>\n");
-  absl::StrAppend(&svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
-  Text(&svg, kLeft, 30, "font-size=\"18\" font-weight=\"bold\" fill=\"#212529\"", title);
+  absl::StrAppend(svg, "<title>", Escape(title), "</title>\n");
+  absl::StrAppend(svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
+  Text(svg, kLeft, 30, "font-size=\"18\" font-weight=\"bold\" fill=\"#212529\"", title);
   std::string subtitle = absl::StrCat(
-      input.records.size(), input.records.size() == 1 ? " window: " : " windows: ", commits,
-      " committed, ", skips, " skipped, ", aborts, " aborted");
-  if (dropped_epochs > 0) {
-    absl::StrAppend(&subtitle, "; batch.tail drop left out ", dropped, " samples in ",
-                    dropped_epochs, dropped_epochs == 1 ? " epoch" : " epochs");
+      input.records.size(), input.records.size() == 1 ? " window: " : " windows: ", n.commits,
+      " committed, ", n.skips, " skipped, ", n.aborts, " aborted");
+  if (n.dropped_epochs > 0) {
+    absl::StrAppend(&subtitle, "; batch.tail drop left out ", n.dropped, " samples in ",
+                    n.dropped_epochs, n.dropped_epochs == 1 ? " epoch" : " epochs");
   }
-  Text(&svg, kLeft, 52, "font-size=\"12\" fill=\"#495057\"", subtitle);
-  // The legend of the marks.
+  Text(svg, kLeft, 52, "font-size=\"12\" fill=\"#495057\"", subtitle);
   const double ly = 52;
   double lx = kWidth - kRight - 260;
   for (const auto& [color, label] :
        {std::pair<const char*, const char*>{kSkipColor, "skipped window"},
         {kAbortColor, "aborted window"}}) {
-    Line(&svg, lx, ly - 12, lx, ly + 2,
+    Line(svg, lx, ly - 12, lx, ly + 2,
          absl::StrCat("stroke=\"", color, "\" stroke-width=\"2\" stroke-opacity=\"0.8\""));
-    Text(&svg, lx + 7, ly, "font-size=\"12\" fill=\"#495057\"", label);
+    Text(svg, lx + 7, ly, "font-size=\"12\" fill=\"#495057\"", label);
     lx += 130;
   }
-  for (size_t i = 0; i < panels.size(); ++i) {
-    DrawPanel(&svg, panels[i], static_cast<int>(i),
-              kHeader + kPanelGap / 2 + i * (kPanelHeight + kPanelGap), xr, marks,
-              i + 1 == panels.size());
+}
+
+}  // namespace
+
+std::string RenderPlotSvg(const PlotInput& input) {
+  const Plot plot = ReadLog(input.records);
+  const Range xr = XRange(plot);
+  const size_t count = plot.panels.size();
+  const double height = kHeader + count * (kPanelHeight + kPanelGap) + kFooter;
+  std::string svg;
+  DrawHeader(&svg, input, plot.counts, height);
+  for (size_t i = 0; i < count; ++i) {
+    DrawPanel(&svg, plot.panels[i], static_cast<int>(i),
+              kHeader + kPanelGap / 2 + i * (kPanelHeight + kPanelGap), xr, plot.marks,
+              i + 1 == count);
   }
   absl::StrAppend(&svg, "</svg>\n");
   return svg;

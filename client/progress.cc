@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/spec.h"
+#include "common/window_outcome.h"
 
 namespace trainstep::client {
 
@@ -37,7 +38,7 @@ void ProgressTracker::OnUpdate(const v1::UpdateRecord& r, absl::Time now) {
   if (r.window_id() > latest_window_) {
     latest_window_ = r.window_id();
     // A skipped window's loss may be NaN or inf; the line keeps the last trained one.
-    if (r.outcome() == "commit") {
+    if (OutcomeOf(r) == v1::COMMIT) {
       has_loss_ = true;
       loss_ = r.loss();
     }
@@ -49,6 +50,7 @@ void ProgressTracker::OnUpdate(const v1::UpdateRecord& r, absl::Time now) {
 ProgressView ProgressTracker::View(absl::Time now) const {
   ProgressView v;
   const v1::JobProgress& p = job_.progress();
+  v.waiting = p.waiting();
   int64_t base_done = base_updates_;
   v.done = updates_;
   if (p.max_updates() > 0) {

@@ -1,8 +1,11 @@
 #include "common/flags.h"
 
+#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace trainstep {
 
@@ -31,6 +34,25 @@ void ConfigureUsage(const std::string& usage) {
   config.contains_helpshort_flags = ours;
   config.contains_help_flags = ours;
   absl::SetFlagsUsageConfig(config);
+}
+
+absl::Status ApplyLogFormatFlag(const std::string& value) {
+  LogFormat format;
+  if (!ParseLogFormat(value, &format)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format must be text or json, got \"", value, "\""));
+  }
+  SetLogFormat(format);
+  return absl::OkStatus();
+}
+
+absl::Status ParseCommandLineAndLogFormat(int argc, char** argv, const std::string& usage,
+                                          const absl::Flag<std::string>& log_format) {
+  ConfigureUsage(usage);
+  std::vector<char*> args;
+  const std::vector<std::string> storage = NormalizeFlagNames(argc, argv, &args);
+  absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
+  return ApplyLogFormatFlag(absl::GetFlag(log_format));
 }
 
 }  // namespace trainstep

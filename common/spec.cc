@@ -19,6 +19,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/fnv1a.h"
+#include "common/spec_parse_error.h"
+#include "common/spec_text.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -29,358 +32,6 @@ namespace trainstep {
 namespace {
 
 namespace pb = ::google::protobuf;
-
-// ---------------------------------------------------------------------------------------
-// Formatting values for messages.
-
-// The shortest decimal that reads back as `v`, so "got 1.0000001" never prints as "got 1".
-std::string FormatDouble(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-  for (int precision = 6; precision < 17; ++precision) {
-    std::string s = absl::StrFormat("%.*g", precision, v);
-    if (std::strtod(s.c_str(), nullptr) == v) return s;
-  }
-  return absl::StrFormat("%.17g", v);
-}
-
-// A C0 control, DEL, or a C1 control (U+0080..U+009F, encoded C2 80..C2 9F) starts at s[i].
-bool IsControlAt(absl::string_view s, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  if (c < 0x20 || c == 0x7F) return true;
-  return c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
-         static_cast<unsigned char>(s[i + 1]) <= 0x9F;
-}
-
-// A string as it would be written in the JSON spec, so "\u0007" shows where the bad byte is.
-std::string Quote(absl::string_view s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (IsControlAt(s, i)) {
-      const unsigned char code = c == 0xC2 ? static_cast<unsigned char>(s[++i]) : c;
-      absl::StrAppend(&out, absl::StrFormat("\\u%04x", code));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  out.push_back('"');
-  return out;
-}
-
-// "fp32, bf16, fp16": the values a user may write, without the *_UNSPECIFIED placeholder.
-std::string EnumChoices(const pb::EnumDescriptor* e) {
-  std::vector<std::string> names;
-  for (int i = 0; i < e->value_count(); ++i) {
-    if (e->value(i)->number() != 0) names.push_back(e->value(i)->name());
-  }
-  return absl::StrJoin(names, ", ");
-}
-
-std::string FieldNames(const pb::Descriptor* d) {
-  std::vector<std::string> names;
-  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-  return absl::StrJoin(names, ", ");
-}
-
-std::string OneofNames(const pb::OneofDescriptor* o) {
-  std::vector<std::string> names;
-  for (int i = 0; i < o->field_count(); ++i) names.push_back(o->field(i)->name());
-  return absl::StrJoin(names, ", ");
-}
-
-// ---------------------------------------------------------------------------------------
-// Rewriting protobuf's JSON errors.
-
-// The field a protobuf error location ("optimizer.param_groups[1].lr_scale") names, or null.
-// `*indexed` tells whether the last segment carried an index (an element, not the list).
-const pb::FieldDescriptor* FieldAt(absl::string_view path, bool* indexed) {
-  const pb::Descriptor* message = v1::JobSpec::descriptor();
-  const pb::FieldDescriptor* field = nullptr;
-  for (absl::string_view segment : absl::StrSplit(path, '.')) {
-    if (message == nullptr) return nullptr;
-    *indexed = false;
-    if (size_t bracket = segment.find('['); bracket != absl::string_view::npos) {
-      segment = segment.substr(0, bracket);
-      *indexed = true;
-    }
-    const std::string name(segment);
-    field = message->FindFieldByName(name);
-    if (field == nullptr) field = message->FindFieldByCamelcaseName(name);
-    if (field == nullptr) return nullptr;
-    message = field->message_type();
-  }
-  return field;
-}
-
-// The message type at a location; the empty location is the spec itself.
-const pb::Descriptor* MessageAt(absl::string_view path) {
-  if (path.empty()) return v1::JobSpec::descriptor();
-  bool indexed = false;
-  const pb::FieldDescriptor* field = FieldAt(path, &indexed);
-  return field == nullptr ? nullptr : field->message_type();
-}
-
-// What a field accepts, in words: "an integer", "a number", "one of fp32, bf16, fp16"...
-std::string Expected(const pb::FieldDescriptor* field, bool element) {
-  std::string one;
-  std::string many;
-  switch (field->cpp_type()) {
-    case pb::FieldDescriptor::CPPTYPE_INT32:
-    case pb::FieldDescriptor::CPPTYPE_INT64:
-    case pb::FieldDescriptor::CPPTYPE_UINT32:
-    case pb::FieldDescriptor::CPPTYPE_UINT64:
-      one = "an integer";
-      many = "integers";
-      break;
-    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
-    case pb::FieldDescriptor::CPPTYPE_FLOAT:
-      one = "a number";
-      many = "numbers";
-      break;
-    case pb::FieldDescriptor::CPPTYPE_BOOL:
-      one = "true or false";
-      many = "booleans";
-      break;
-    case pb::FieldDescriptor::CPPTYPE_STRING:
-      one = "a string";
-      many = "strings";
-      break;
-    case pb::FieldDescriptor::CPPTYPE_ENUM:
-      one = absl::StrCat("one of ", EnumChoices(field->enum_type()));
-      many = absl::StrCat("values among ", EnumChoices(field->enum_type()));
-      break;
-    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
-      one = "an object";
-      many = "objects";
-      break;
-  }
-  if (field->is_repeated() && !element) return absl::StrCat("a list of ", many);
-  return one;
-}
-
-// For an integral value out of a field's range: "from 1 to 2147483647"-style bounds.
-std::string IntegerBounds(const pb::FieldDescriptor* field) {
-  switch (field->cpp_type()) {
-    case pb::FieldDescriptor::CPPTYPE_INT32:
-      return absl::StrCat(std::numeric_limits<int32_t>::min(), " to ",
-                          std::numeric_limits<int32_t>::max());
-    case pb::FieldDescriptor::CPPTYPE_INT64:
-      return absl::StrCat(std::numeric_limits<int64_t>::min(), " to ",
-                          std::numeric_limits<int64_t>::max());
-    case pb::FieldDescriptor::CPPTYPE_UINT32:
-      return absl::StrCat("0 to ", std::numeric_limits<uint32_t>::max());
-    case pb::FieldDescriptor::CPPTYPE_UINT64:
-      return absl::StrCat("0 to ", std::numeric_limits<uint64_t>::max());
-    default:
-      return "";
-  }
-}
-
-// 1-based line and column (in characters, not bytes) of a byte offset.
-std::pair<int, int> LineColumn(absl::string_view text, size_t offset) {
-  offset = std::min(offset, text.size());
-  int line = 1;
-  int column = 1;
-  for (size_t i = 0; i < offset; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == '\n') {
-      ++line;
-      column = 1;
-    } else if ((c & 0xC0) != 0x80) {  // not a UTF-8 continuation byte
-      ++column;
-    }
-  }
-  return {line, column};
-}
-
-// Protobuf's tokenizer reports "<reason>\n<up to 20 chars either side>\n<spaces>^" and no
-// offset; find the excerpt in the input to recover the offset.
-absl::Status SyntaxError(absl::string_view json, absl::string_view message) {
-  const size_t first_newline = message.find('\n');
-  const size_t last_newline = message.rfind('\n');
-  const size_t caret = message.find('^', last_newline);
-  if (last_newline == first_newline || caret == absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("spec is not valid JSON: ", message));
-  }
-  const absl::string_view reason = message.substr(0, first_newline);
-  // The excerpt may itself span lines; the marker is always the last line.
-  const absl::string_view excerpt =
-      message.substr(first_newline + 1, last_newline - first_newline - 1);
-  const size_t column_in_excerpt = caret - last_newline - 1;
-  size_t offset = json.size();  // an empty excerpt means the input ran out
-  if (!excerpt.empty()) {
-    // The excerpt starts 20 characters before the error, or at the start of the input
-    // (protobuf's JsonStreamParser::ReportFailure); prefer the occurrence that fits that.
-    constexpr size_t kContext = 20;
-    size_t first_match = absl::string_view::npos;
-    size_t exact_match = absl::string_view::npos;
-    for (size_t at = json.find(excerpt); at != absl::string_view::npos;
-         at = json.find(excerpt, at + 1)) {
-      const size_t error_at = at + column_in_excerpt;
-      if (first_match == absl::string_view::npos) first_match = error_at;
-      if (error_at - std::min(error_at, kContext) == at) {
-        exact_match = error_at;
-        break;
-      }
-    }
-    offset = exact_match != absl::string_view::npos ? exact_match : first_match;
-    if (offset == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("spec is not valid JSON: ", message));
-    }
-  }
-  const auto [line, column] = LineColumn(json, offset);
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec is not valid JSON at line ", line, ", column ", column, ": ", reason));
-}
-
-// What a JSON document that is not an object holds, in words.
-std::string DescribeJsonValue(absl::string_view json) {
-  json = absl::StripLeadingAsciiWhitespace(json);
-  if (json.empty()) return "nothing";
-  switch (json.front()) {
-    case '[':
-      return "a list";
-    case '"':
-    case '\'':
-      return "a string";
-    case 'n':
-      return "null";
-    case 't':
-    case 'f':
-      return std::string(json.substr(0, json.front() == 't' ? 4 : 5));
-    default:
-      return "a number";
-  }
-}
-
-std::string Join(absl::string_view location, absl::string_view name) {
-  return location.empty() ? std::string(name) : absl::StrCat(location, ".", name);
-}
-
-// Protobuf's tokenizer errors end in a line that holds only a caret under the error; its
-// field errors are one line (unless a field name holds a newline).
-bool IsSyntaxError(absl::string_view message) {
-  const size_t last_newline = message.rfind('\n');
-  if (last_newline == absl::string_view::npos || absl::StartsWith(message, "(")) return false;
-  const absl::string_view marker = message.substr(last_newline + 1);
-  return absl::EndsWith(marker, "^") && marker.find_first_not_of(' ') == marker.size() - 1;
-}
-
-// An unknown field name as the user typed it; quoted when it holds more than a name can.
-std::string FieldNameForMessage(absl::string_view name) {
-  const bool plain = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
-  });
-  return plain ? std::string(name) : Quote(name);
-}
-
-// Turns protobuf's JSON parser errors into "<field.path>: <what to do>".
-absl::Status RewriteParseError(absl::string_view json, absl::string_view message) {
-  if (IsSyntaxError(message)) return SyntaxError(json, message);
-  if (absl::EndsWith(message, "Root element must be a message.")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec must be a JSON object, got ", DescribeJsonValue(json)));
-  }
-  // "(batch.tail): invalid value ...", "(batch) micro_batch_sizee: ...", "name: ...".
-  absl::string_view location;
-  absl::string_view rest = message;
-  if (absl::StartsWith(message, "(")) {
-    const size_t close = message.find(')');
-    if (close != absl::string_view::npos) {
-      location = message.substr(1, close - 1);
-      rest = absl::StripLeadingAsciiWhitespace(message.substr(close + 1));
-    }
-  }
-  const auto generic = [&] {
-    return absl::InvalidArgumentError(
-        absl::StrCat(location.empty() ? "spec" : location, ": ",
-                     absl::StripLeadingAsciiWhitespace(absl::StripPrefix(rest, ":"))));
-  };
-
-  constexpr absl::string_view kUnknown = ": Cannot find field.";
-  if (absl::EndsWith(rest, kUnknown)) {
-    const absl::string_view name = rest.substr(0, rest.size() - kUnknown.size());
-    const pb::Descriptor* parent = MessageAt(location);
-    if (parent == nullptr) return generic();
-    return absl::InvalidArgumentError(
-        absl::StrCat(Join(location, FieldNameForMessage(name)), ": unknown field; ",
-                     location.empty() ? "the spec" : location, " accepts: ", FieldNames(parent)));
-  }
-
-  constexpr absl::string_view kNotList = ": Proto field is not repeating, cannot start list.";
-  if (absl::EndsWith(rest, kNotList)) {
-    const std::string path = Join(location, rest.substr(0, rest.size() - kNotList.size()));
-    bool indexed = false;
-    const pb::FieldDescriptor* field = FieldAt(path, &indexed);
-    if (field == nullptr) return generic();
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": expected ", Expected(field, indexed), ", got a list"));
-  }
-
-  constexpr absl::string_view kInvalid = ": invalid value ";
-  if (!absl::StartsWith(rest, kInvalid)) return generic();
-  const absl::string_view detail = rest.substr(kInvalid.size());
-
-  constexpr absl::string_view kObjectOnScalar = "Starting an object on a scalar field for type ";
-  if (absl::StartsWith(detail, kObjectOnScalar)) {
-    const std::string path = Join(location, detail.substr(kObjectOnScalar.size()));
-    bool indexed = false;
-    const pb::FieldDescriptor* field = FieldAt(path, &indexed);
-    if (field == nullptr) return generic();
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": expected ", Expected(field, /*element=*/true), ", got an object"));
-  }
-
-  // "oneof field 'kind' is already set. Cannot set 'mlp' for type oneof"
-  if (absl::StartsWith(detail, "oneof field '")) {
-    const std::vector<absl::string_view> quoted = absl::StrSplit(detail, '\'');
-    const pb::Descriptor* parent = MessageAt(location);
-    if (quoted.size() < 4 || parent == nullptr) return generic();
-    const pb::OneofDescriptor* oneof = parent->FindOneofByName(std::string(quoted[1]));
-    const std::string second(quoted[3]);
-    const pb::FieldDescriptor* field = parent->FindFieldByName(second);
-    if (field == nullptr) field = parent->FindFieldByCamelcaseName(second);
-    if (oneof == nullptr || field == nullptr) return generic();
-    if (oneof->field_count() == 1) {  // the hidden oneof of a proto3 `optional` field
-      return absl::InvalidArgumentError(
-          absl::StrCat(Join(location, field->name()), ": given more than once (perhaps as both ",
-                       field->name(), " and ", field->json_name(), "); give it once"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(location.empty() ? "spec" : location,
-                                                   ": give only one of ", OneofNames(oneof),
-                                                   ", got ", field->name(), " and another"));
-  }
-
-  // "<value> for type <type>": a value of the wrong type, or an unknown enum name.
-  const size_t for_type = detail.rfind(" for type ");
-  bool indexed = false;
-  const pb::FieldDescriptor* field = FieldAt(location, &indexed);
-  if (for_type == absl::string_view::npos || field == nullptr) return generic();
-  absl::string_view value = detail.substr(0, for_type);
-  // Protobuf quotes a string value without escaping it; escape it as the spec would.
-  std::string requoted;
-  if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-    requoted = Quote(value.substr(1, value.size() - 2));
-    value = requoted;
-  }
-  if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM && absl::StartsWith(value, "\"")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(location, ": ", value, " is not one of ", EnumChoices(field->enum_type())));
-  }
-  const std::string bounds = IntegerBounds(field);
-  double number = 0;
-  if (!bounds.empty() && absl::SimpleAtod(value, &number) && std::isfinite(number) &&
-      std::floor(number) == number) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(location, ": expected an integer from ", bounds, ", got ", value));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(location, ": expected ", Expected(field, indexed), ", got ", value));
-}
 
 // ---------------------------------------------------------------------------------------
 // Rules. Each returns "<path> <rule>, got <value>".
@@ -459,16 +110,61 @@ std::string DataKind(const v1::Data& data) {
 // "data.text, data.jsonl or data.tokens": the token-level sources, for messages.
 constexpr char kTokenSources[] = "data.text, data.jsonl or data.tokens";
 
-constexpr int32_t kDefaultTextSeqLen = 128;
-constexpr int32_t kDefaultVocabSize = 256;  // bytes
-constexpr int32_t kDefaultInFeatures = 8;
+// The largest of a spec's sizes: model widths and feature counts, sequence lengths (a model's
+// context included) and batch factors.
+constexpr int32_t kMaxSize = 65536;
+
+// Every default the resolver fills in, in spec.proto's order. README's spec reference lists
+// the same values; a default that depends on another field says so where it is applied.
+namespace defaults {
+constexpr char kName[] = "job";
+constexpr int64_t kSeed = 0;
+constexpr int32_t kTinyGptLayers = 2;
+constexpr int32_t kTinyGptHeads = 2;
+constexpr int32_t kTinyGptWidth = 64;
+constexpr int32_t kTinyGptContextJsonl = 256;  // jsonl samples carry their own length
+constexpr int32_t kVocabSize = 256;            // bytes
+constexpr int32_t kMlpHidden = 32;
+constexpr int32_t kMlpOutFeatures = 1;
+constexpr int32_t kInFeatures = 8;
+constexpr int32_t kTextSeqLen = 128;
+constexpr int64_t kSyntheticSamples = 1024;
+constexpr int32_t kMicroBatchSize = 8;
+constexpr int32_t kAccumulationSteps = 1;
+constexpr double kSgdLr = 0.01;
+constexpr double kSgdMomentum = 0;
+constexpr double kSgdWeightDecay = 0;
+constexpr double kAdamWLr = 1e-3;
+constexpr double kAdamWBeta1 = 0.9;
+constexpr double kAdamWBeta2 = 0.999;
+constexpr double kAdamWEps = 1e-8;
+constexpr double kAdamWWeightDecay = 0.01;
+constexpr double kLrScale = 1.0;
+constexpr int64_t kWarmupUpdates = 0;
+constexpr double kMinLrRatio = 0;
+constexpr double kInitScale = 65536.0;
+constexpr double kGrowthFactor = 2.0;
+constexpr double kBackoffFactor = 0.5;
+constexpr int64_t kGrowthInterval = 2000;
+constexpr int32_t kHysteresis = 1;
+constexpr double kMinScale = 0;
+constexpr int64_t kEpochs = 1;  // when neither stop.max_updates nor stop.epochs is set
+constexpr int64_t kCheckpointEveryUpdates = 100;
+constexpr int32_t kCheckpointKeepLast = 3;
+constexpr int32_t kWorkers = 1;
+// Three of the coordinator's default 10 s leases: long enough for a restarted worker process to
+// come back, short enough that a job does not idle for minutes on a lost machine.
+constexpr int64_t kJoinGraceSeconds = 30;
+constexpr int64_t kEvalEveryUpdates = 100;
+}  // namespace defaults
 
 // ---------------------------------------------------------------------------------------
-// One function per top-level field, called in the order of spec.proto. Each reads the
-// user's spec `in` for cross-field defaults and fills its part of `out`.
+// One function per top-level field, called in the order of spec.proto, each filling its part
+// of `out`. Where a rule or a default involves another field, it reads the user's spec `in`
+// (what was given) or the part of `out` resolved before it, never a part resolved after.
 
 absl::Status ResolveName(v1::JobSpec& out) {
-  if (out.name().empty()) out.set_name("job");
+  if (out.name().empty()) out.set_name(defaults::kName);
   const std::string& name = out.name();
   int characters = 0;
   for (size_t i = 0; i < name.size(); ++i) {
@@ -508,51 +204,38 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
 
   if (model.has_tiny_gpt()) {
     v1::TinyGpt& t = *model.mutable_tiny_gpt();
-    if (!t.has_n_layer()) t.set_n_layer(2);
+    if (!t.has_n_layer()) t.set_n_layer(defaults::kTinyGptLayers);
     RETURN_IF_ERROR(IntInRange("model.tiny_gpt.n_layer", t.n_layer(), 1, 64));
-    if (!t.has_n_head()) t.set_n_head(2);
+    if (!t.has_n_head()) t.set_n_head(defaults::kTinyGptHeads);
     RETURN_IF_ERROR(IntInRange("model.tiny_gpt.n_head", t.n_head(), 1, 64));
-    if (!t.has_d_model()) t.set_d_model(64);
+    if (!t.has_d_model()) t.set_d_model(defaults::kTinyGptWidth);
     RETURN_IF_ERROR(IntInRange("model.tiny_gpt.d_model", t.d_model(), 1, 8192));
     if (t.d_model() % t.n_head() != 0) {
       return Invalid(
           absl::StrCat("model.tiny_gpt.d_model must be divisible by model.tiny_gpt.n_head, got ",
                        t.d_model(), " and ", t.n_head()));
     }
+    // Without a context length, ResolveModelFromData takes the resolved data's.
     if (t.has_seq_len()) {
-      RETURN_IF_ERROR(IntInRange("model.tiny_gpt.seq_len", t.seq_len(), 2, 65536));
-    } else if (data.has_text()) {
-      // Checked where data.text.seq_len is resolved.
-      t.set_seq_len(data.text().has_seq_len() ? data.text().seq_len() : kDefaultTextSeqLen);
-    } else if (data.has_tokens()) {
-      // A tokens sample is seq_len + 1 tokens; checked where data.tokens.seq_len is resolved.
-      const int64_t tokens =
-          data.tokens().has_seq_len() ? data.tokens().seq_len() : kDefaultTextSeqLen;
-      t.set_seq_len(static_cast<int32_t>(std::min<int64_t>(tokens + 1, 65536)));
-    } else {
-      t.set_seq_len(256);
+      RETURN_IF_ERROR(IntInRange("model.tiny_gpt.seq_len", t.seq_len(), 2, kMaxSize));
     }
-    if (!t.has_vocab_size()) t.set_vocab_size(kDefaultVocabSize);
+    if (!t.has_vocab_size()) t.set_vocab_size(defaults::kVocabSize);
     RETURN_IF_ERROR(IntInRange("model.tiny_gpt.vocab_size", t.vocab_size(), 2, 1000000));
   } else if (model.has_mlp()) {
     v1::Mlp& m = *model.mutable_mlp();
     const v1::SyntheticRegression& regression = data.synthetic_regression();
     if (m.has_in_features()) {
-      RETURN_IF_ERROR(IntInRange("model.mlp.in_features", m.in_features(), 1, 65536));
+      RETURN_IF_ERROR(IntInRange("model.mlp.in_features", m.in_features(), 1, kMaxSize));
       if (regression.has_in_features() && regression.in_features() != m.in_features()) {
         return Invalid(absl::StrCat(
             "model.mlp.in_features must equal data.synthetic_regression.in_features, got ",
             m.in_features(), " and ", regression.in_features()));
       }
-    } else {
-      // Checked where data.synthetic_regression.in_features is resolved.
-      m.set_in_features(regression.has_in_features() ? regression.in_features()
-                                                     : kDefaultInFeatures);
-    }
-    if (!m.has_hidden()) m.set_hidden(32);
-    RETURN_IF_ERROR(IntInRange("model.mlp.hidden", m.hidden(), 1, 65536));
-    if (!m.has_out_features()) m.set_out_features(1);
-    RETURN_IF_ERROR(IntInRange("model.mlp.out_features", m.out_features(), 1, 65536));
+    }  // else ResolveModelFromData takes the resolved data's
+    if (!m.has_hidden()) m.set_hidden(defaults::kMlpHidden);
+    RETURN_IF_ERROR(IntInRange("model.mlp.hidden", m.hidden(), 1, kMaxSize));
+    if (!m.has_out_features()) m.set_out_features(defaults::kMlpOutFeatures);
+    RETURN_IF_ERROR(IntInRange("model.mlp.out_features", m.out_features(), 1, kMaxSize));
   } else {
     v1::TorchScript& ts = *model.mutable_torchscript();
     if (ts.path().empty()) {
@@ -560,7 +243,7 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
           "model.torchscript.path is required: the TorchScript file whose forward(input_ids) "
           "returns logits, got \"\"");
     }
-    if (!ts.has_vocab_size()) ts.set_vocab_size(kDefaultVocabSize);
+    if (!ts.has_vocab_size()) ts.set_vocab_size(defaults::kVocabSize);
     RETURN_IF_ERROR(IntInRange("model.torchscript.vocab_size", ts.vocab_size(), 2, 1000000));
   }
   return absl::OkStatus();
@@ -587,10 +270,12 @@ absl::Status ResolveTokens(const v1::Model& model, absl::string_view path, v1::T
   const bool model_seq_len = model.has_tiny_gpt() && gpt.has_seq_len();
   if (!tokens.has_seq_len()) {
     // A model with a shorter context gets samples that fit it (a sample is seq_len + 1).
-    tokens.set_seq_len(model_seq_len ? std::max(1, std::min(kDefaultTextSeqLen, gpt.seq_len() - 1))
-                                     : kDefaultTextSeqLen);
+    tokens.set_seq_len(model_seq_len
+                           ? std::max(1, std::min(defaults::kTextSeqLen, gpt.seq_len() - 1))
+                           : defaults::kTextSeqLen);
   }
-  RETURN_IF_ERROR(IntInRange(absl::StrCat(at, ".seq_len"), tokens.seq_len(), 1, 65535));
+  // A sample is seq_len + 1 tokens: it must fit the longest context.
+  RETURN_IF_ERROR(IntInRange(absl::StrCat(at, ".seq_len"), tokens.seq_len(), 1, kMaxSize - 1));
   if (model_seq_len && tokens.seq_len() >= gpt.seq_len()) {
     return Invalid(absl::StrCat(
         at, ".seq_len must be < model.tiny_gpt.seq_len (a sample is seq_len + 1 tokens ",
@@ -620,10 +305,10 @@ absl::Status ResolveDataSource(const v1::Model& model, absl::string_view path, v
       const bool model_seq_len = model.has_tiny_gpt() && gpt.has_seq_len();
       if (!text.has_seq_len()) {
         // A model with a shorter context than the default sample gets samples that fit it.
-        text.set_seq_len(model_seq_len ? std::min(kDefaultTextSeqLen, gpt.seq_len())
-                                       : kDefaultTextSeqLen);
+        text.set_seq_len(model_seq_len ? std::min(defaults::kTextSeqLen, gpt.seq_len())
+                                       : defaults::kTextSeqLen);
       }
-      RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".text.seq_len"), text.seq_len(), 2, 65536));
+      RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".text.seq_len"), text.seq_len(), 2, kMaxSize));
       if (model_seq_len && text.seq_len() > gpt.seq_len()) {
         return Invalid(absl::StrCat(
             path,
@@ -642,15 +327,15 @@ absl::Status ResolveDataSource(const v1::Model& model, absl::string_view path, v
       break;
     case v1::Data::kSyntheticRegression: {
       v1::SyntheticRegression& r = *data.mutable_synthetic_regression();
-      if (!r.has_samples()) r.set_samples(1024);
+      if (!r.has_samples()) r.set_samples(defaults::kSyntheticSamples);
       RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".synthetic_regression.samples"), r.samples(),
                                  1, 100000000));
       if (!r.has_in_features()) {
         const bool mlp_in = model.has_mlp() && model.mlp().has_in_features();
-        r.set_in_features(mlp_in ? model.mlp().in_features() : kDefaultInFeatures);
+        r.set_in_features(mlp_in ? model.mlp().in_features() : defaults::kInFeatures);
       }
       RETURN_IF_ERROR(IntInRange(absl::StrCat(path, ".synthetic_regression.in_features"),
-                                 r.in_features(), 1, 65536));
+                                 r.in_features(), 1, kMaxSize));
       break;
     }
     case v1::Data::kTokens:
@@ -667,12 +352,33 @@ absl::Status ResolveData(const v1::JobSpec& in, v1::JobSpec& out) {
   return absl::OkStatus();
 }
 
+// The model's defaults that follow its data, read from the resolved data. Defaults flow one
+// way only: the user's model → the data's defaults (ResolveDataSource) → these.
+absl::Status ResolveModelFromData(v1::JobSpec& out) {
+  v1::Model& model = *out.mutable_model();
+  const v1::Data& data = out.data();
+  if (model.has_tiny_gpt() && !model.tiny_gpt().has_seq_len()) {
+    int32_t context = defaults::kTinyGptContextJsonl;
+    if (data.has_text()) {
+      context = data.text().seq_len();
+    } else if (data.has_tokens()) {
+      // A tokens sample is seq_len + 1 tokens.
+      context = static_cast<int32_t>(std::min<int64_t>(data.tokens().seq_len() + 1, kMaxSize));
+    }
+    model.mutable_tiny_gpt()->set_seq_len(context);
+  }
+  if (model.has_mlp() && !model.mlp().has_in_features()) {
+    model.mutable_mlp()->set_in_features(data.synthetic_regression().in_features());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveBatch(v1::JobSpec& out) {
   v1::Batch& batch = *out.mutable_batch();
-  if (!batch.has_micro_batch_size()) batch.set_micro_batch_size(8);
-  RETURN_IF_ERROR(IntInRange("batch.micro_batch_size", batch.micro_batch_size(), 1, 65536));
-  if (!batch.has_accumulation_steps()) batch.set_accumulation_steps(1);
-  RETURN_IF_ERROR(IntInRange("batch.accumulation_steps", batch.accumulation_steps(), 1, 65536));
+  if (!batch.has_micro_batch_size()) batch.set_micro_batch_size(defaults::kMicroBatchSize);
+  RETURN_IF_ERROR(IntInRange("batch.micro_batch_size", batch.micro_batch_size(), 1, kMaxSize));
+  if (!batch.has_accumulation_steps()) batch.set_accumulation_steps(defaults::kAccumulationSteps);
+  RETURN_IF_ERROR(IntInRange("batch.accumulation_steps", batch.accumulation_steps(), 1, kMaxSize));
   if (batch.tail() == v1::Batch::TAIL_UNSPECIFIED) batch.set_tail(v1::Batch::dynamic);
   return KnownEnum("batch.tail", v1::Batch::Tail_descriptor(), batch.tail());
 }
@@ -707,27 +413,27 @@ absl::Status ResolveOptimizer(v1::JobSpec& out) {
   if (opt.kind_case() == v1::Optimizer::KIND_NOT_SET) opt.mutable_adamw();
   if (opt.has_sgd()) {
     v1::Sgd& sgd = *opt.mutable_sgd();
-    if (!sgd.has_lr()) sgd.set_lr(0.01);
+    if (!sgd.has_lr()) sgd.set_lr(defaults::kSgdLr);
     RETURN_IF_ERROR(DoubleInRange("optimizer.sgd.lr", sgd.lr(), 0, End::kOpen));
-    if (!sgd.has_momentum()) sgd.set_momentum(0);
+    if (!sgd.has_momentum()) sgd.set_momentum(defaults::kSgdMomentum);
     RETURN_IF_ERROR(
         DoubleInRange("optimizer.sgd.momentum", sgd.momentum(), 0, End::kClosed, 1, End::kOpen));
-    if (!sgd.has_weight_decay()) sgd.set_weight_decay(0);
+    if (!sgd.has_weight_decay()) sgd.set_weight_decay(defaults::kSgdWeightDecay);
     RETURN_IF_ERROR(
         DoubleInRange("optimizer.sgd.weight_decay", sgd.weight_decay(), 0, End::kClosed));
   } else {
     v1::AdamW& adam = *opt.mutable_adamw();
-    if (!adam.has_lr()) adam.set_lr(1e-3);
+    if (!adam.has_lr()) adam.set_lr(defaults::kAdamWLr);
     RETURN_IF_ERROR(DoubleInRange("optimizer.adamw.lr", adam.lr(), 0, End::kOpen));
-    if (!adam.has_beta1()) adam.set_beta1(0.9);
+    if (!adam.has_beta1()) adam.set_beta1(defaults::kAdamWBeta1);
     RETURN_IF_ERROR(
         DoubleInRange("optimizer.adamw.beta1", adam.beta1(), 0, End::kClosed, 1, End::kOpen));
-    if (!adam.has_beta2()) adam.set_beta2(0.999);
+    if (!adam.has_beta2()) adam.set_beta2(defaults::kAdamWBeta2);
     RETURN_IF_ERROR(
         DoubleInRange("optimizer.adamw.beta2", adam.beta2(), 0, End::kClosed, 1, End::kOpen));
-    if (!adam.has_eps()) adam.set_eps(1e-8);
+    if (!adam.has_eps()) adam.set_eps(defaults::kAdamWEps);
     RETURN_IF_ERROR(DoubleInRange("optimizer.adamw.eps", adam.eps(), 0, End::kOpen));
-    if (!adam.has_weight_decay()) adam.set_weight_decay(0.01);
+    if (!adam.has_weight_decay()) adam.set_weight_decay(defaults::kAdamWWeightDecay);
     RETURN_IF_ERROR(
         DoubleInRange("optimizer.adamw.weight_decay", adam.weight_decay(), 0, End::kClosed));
   }
@@ -736,7 +442,7 @@ absl::Status ResolveOptimizer(v1::JobSpec& out) {
   for (int i = 0; i < opt.param_groups_size(); ++i) {
     v1::ParamGroup& group = *opt.mutable_param_groups(i);
     *group_prefixes.Add() = group.prefix();
-    if (!group.has_lr_scale()) group.set_lr_scale(1.0);
+    if (!group.has_lr_scale()) group.set_lr_scale(defaults::kLrScale);
   }
   RETURN_IF_ERROR(DistinctNonEmpty("optimizer.param_groups", group_prefixes, ".prefix"));
   for (int i = 0; i < opt.param_groups_size(); ++i) {
@@ -776,7 +482,7 @@ absl::Status ResolveSchedule(const v1::JobSpec& in, v1::JobSpec& out) {
       path = "schedule.warmup_linear";
       break;
   }
-  if (!decay->has_warmup_updates()) decay->set_warmup_updates(0);
+  if (!decay->has_warmup_updates()) decay->set_warmup_updates(defaults::kWarmupUpdates);
   RETURN_IF_ERROR(IntAtLeast(path + ".warmup_updates", decay->warmup_updates(), 0));
   const bool from_stop = !decay->has_total_updates();
   if (from_stop) {
@@ -795,7 +501,7 @@ absl::Status ResolveSchedule(const v1::JobSpec& in, v1::JobSpec& out) {
           ".warmup_updates, got ", decay->total_updates(), " and ", decay->warmup_updates()));
     }
   }
-  if (!decay->has_min_lr_ratio()) decay->set_min_lr_ratio(0);
+  if (!decay->has_min_lr_ratio()) decay->set_min_lr_ratio(defaults::kMinLrRatio);
   return DoubleInRange(path + ".min_lr_ratio", decay->min_lr_ratio(), 0, End::kClosed, 1,
                        End::kClosed);
 }
@@ -819,18 +525,18 @@ absl::Status ResolveLossScaler(v1::JobSpec& out) {
         "loss_scaler.enabled must be true with precision fp16: fp16 gradients underflow without "
         "a scaler");
   }
-  if (!s.has_init_scale()) s.set_init_scale(65536.0);
+  if (!s.has_init_scale()) s.set_init_scale(defaults::kInitScale);
   RETURN_IF_ERROR(DoubleInRange("loss_scaler.init_scale", s.init_scale(), 0, End::kOpen));
-  if (!s.has_growth_factor()) s.set_growth_factor(2.0);
+  if (!s.has_growth_factor()) s.set_growth_factor(defaults::kGrowthFactor);
   RETURN_IF_ERROR(DoubleInRange("loss_scaler.growth_factor", s.growth_factor(), 1, End::kOpen));
-  if (!s.has_backoff_factor()) s.set_backoff_factor(0.5);
+  if (!s.has_backoff_factor()) s.set_backoff_factor(defaults::kBackoffFactor);
   RETURN_IF_ERROR(DoubleInRange("loss_scaler.backoff_factor", s.backoff_factor(), 0, End::kOpen, 1,
                                 End::kOpen));
-  if (!s.has_growth_interval()) s.set_growth_interval(2000);
+  if (!s.has_growth_interval()) s.set_growth_interval(defaults::kGrowthInterval);
   RETURN_IF_ERROR(IntAtLeast("loss_scaler.growth_interval", s.growth_interval(), 1));
-  if (!s.has_hysteresis()) s.set_hysteresis(1);
+  if (!s.has_hysteresis()) s.set_hysteresis(defaults::kHysteresis);
   RETURN_IF_ERROR(IntAtLeast("loss_scaler.hysteresis", s.hysteresis(), 1));
-  if (!s.has_min_scale()) s.set_min_scale(0);
+  if (!s.has_min_scale()) s.set_min_scale(defaults::kMinScale);
   RETURN_IF_ERROR(DoubleInRange("loss_scaler.min_scale", s.min_scale(), 0, End::kClosed));
   if (s.min_scale() > s.init_scale()) {
     return Invalid(absl::StrCat("loss_scaler.min_scale must be ≤ loss_scaler.init_scale, got ",
@@ -849,22 +555,35 @@ absl::Status ResolveStop(v1::JobSpec& out) {
     RETURN_IF_ERROR(IntAtLeast("stop.epochs", stop.epochs(), 1));
   }
   // Unset max_updates means "bounded by epochs only"; with neither, one pass.
-  if (!stop.has_max_updates() && !stop.has_epochs()) stop.set_epochs(1);
+  if (!stop.has_max_updates() && !stop.has_epochs()) stop.set_epochs(defaults::kEpochs);
   return absl::OkStatus();
 }
 
 absl::Status ResolveCheckpoint(v1::JobSpec& out) {
   v1::Checkpoint& c = *out.mutable_checkpoint();
-  if (!c.has_every_updates()) c.set_every_updates(100);
+  if (!c.has_every_updates()) c.set_every_updates(defaults::kCheckpointEveryUpdates);
   RETURN_IF_ERROR(IntAtLeast("checkpoint.every_updates", c.every_updates(), 1));
-  if (!c.has_keep_last()) c.set_keep_last(3);
+  if (!c.has_keep_last()) c.set_keep_last(defaults::kCheckpointKeepLast);
   return IntAtLeast("checkpoint.keep_last", c.keep_last(), 0);
 }
 
 absl::Status ResolveWorkers(v1::JobSpec& out) {
   v1::Workers& w = *out.mutable_workers();
-  if (!w.has_count()) w.set_count(1);
-  return IntInRange("workers.count", w.count(), 1, 1024);
+  if (!w.has_count()) w.set_count(defaults::kWorkers);
+  RETURN_IF_ERROR(IntInRange("workers.count", w.count(), 1, 1024));
+  if (!w.has_min()) w.set_min(w.count());
+  RETURN_IF_ERROR(IntInRange("workers.min", w.min(), 1, w.count()));
+  if (!w.has_join_grace()) w.mutable_join_grace()->set_seconds(defaults::kJoinGraceSeconds);
+  {
+    const google::protobuf::Duration& g = w.join_grace();
+    // A day at most: a job that waits longer for a worker is better told to shrink.
+    if (g.seconds() < 0 || g.nanos() < 0 || g.seconds() > 86400 ||
+        (g.seconds() == 86400 && g.nanos() > 0)) {
+      return Invalid(
+          absl::StrCat("workers.join_grace must be between 0s and 86400s, got ", g.seconds(), "s"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ResolveDebug(v1::JobSpec& out) {
@@ -881,16 +600,6 @@ absl::Status ResolveDebug(v1::JobSpec& out) {
     }
   }
   return absl::OkStatus();
-}
-
-// FNV-1a, 64 bits: simple, and the same on every machine and in every process.
-uint64_t Fnv1a64(absl::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
 }
 
 // After the model and the data: the held-out data must suit the resolved model as the
@@ -917,12 +626,48 @@ absl::Status ResolveEval(v1::JobSpec& out) {
         "eval.data.shuffle must be false (evaluation reads every sample once), got true");
   }
   data.set_shuffle(false);
-  if (!eval.has_every_updates()) eval.set_every_updates(100);
+  if (!eval.has_every_updates()) eval.set_every_updates(defaults::kEvalEveryUpdates);
   RETURN_IF_ERROR(IntInRange("eval.every_updates", eval.every_updates(), 1, int64_t{1} << 40));
   if (eval.has_max_batches()) {
     RETURN_IF_ERROR(IntInRange("eval.max_batches", eval.max_batches(), 1, int64_t{1} << 40));
   }
   return absl::OkStatus();
+}
+
+// -0 and 0 mean the same in every spec field, but protobuf's JSON parser reads the "-0" it
+// prints for -0.0 as +0: one value for both keeps parse → print → parse the identity, and
+// the spec's hash one hash per meaning.
+void ZeroNegativeZeros(pb::Message& message) {
+  const pb::Reflection& r = *message.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r.ListFields(message, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    const int n = f->is_repeated() ? r.FieldSize(message, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      switch (f->cpp_type()) {
+        case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+          if (f->is_repeated() ? r.GetRepeatedDouble(message, f, i) == 0.0
+                               : r.GetDouble(message, f) == 0.0) {
+            f->is_repeated() ? r.SetRepeatedDouble(&message, f, i, 0.0)
+                             : r.SetDouble(&message, f, 0.0);
+          }
+          break;
+        case pb::FieldDescriptor::CPPTYPE_FLOAT:
+          if (f->is_repeated() ? r.GetRepeatedFloat(message, f, i) == 0.0f
+                               : r.GetFloat(message, f) == 0.0f) {
+            f->is_repeated() ? r.SetRepeatedFloat(&message, f, i, 0.0f)
+                             : r.SetFloat(&message, f, 0.0f);
+          }
+          break;
+        case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+          ZeroNegativeZeros(f->is_repeated() ? *r.MutableRepeatedMessage(&message, f, i)
+                                             : *r.MutableMessage(&message, f));
+          break;
+        default:
+          break;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -941,16 +686,19 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view input) {
     const auto message = status.message();
     return RewriteParseError(json, absl::string_view(message.data(), message.size()));
   }
+  ZeroNegativeZeros(spec);
   return spec;
 }
 
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   v1::JobSpec out = spec;
+  ZeroNegativeZeros(out);  // a spec may come as a message, not only through the parser
   // The order of the fields in spec.proto, so the first error is always the same one.
   RETURN_IF_ERROR(ResolveName(out));
-  if (!out.has_seed()) out.set_seed(0);
+  if (!out.has_seed()) out.set_seed(defaults::kSeed);
   RETURN_IF_ERROR(ResolveModel(spec, out));
   RETURN_IF_ERROR(ResolveData(spec, out));
+  RETURN_IF_ERROR(ResolveModelFromData(out));
   RETURN_IF_ERROR(ResolveBatch(out));
   RETURN_IF_ERROR(ResolvePrecision(out));
   RETURN_IF_ERROR(ResolveLoss(out));
@@ -993,9 +741,31 @@ std::string JobSpecHash(const v1::JobSpec& resolved) {
   return absl::StrFormat("%016x", Fnv1a64(bytes));
 }
 
+const v1::LossScaler& DefaultLossScaler() {
+  static const v1::LossScaler* const scaler = [] {
+    auto* s = new v1::LossScaler;
+    s->set_init_scale(defaults::kInitScale);
+    s->set_growth_factor(defaults::kGrowthFactor);
+    s->set_backoff_factor(defaults::kBackoffFactor);
+    s->set_growth_interval(defaults::kGrowthInterval);
+    s->set_hysteresis(defaults::kHysteresis);
+    s->set_min_scale(defaults::kMinScale);
+    return s;
+  }();
+  return *scaler;
+}
+
 int64_t GlobalBatchSamples(const v1::JobSpec& resolved) {
   return int64_t{resolved.batch().micro_batch_size()} * resolved.batch().accumulation_steps() *
          resolved.workers().count();
+}
+
+int64_t JobTotalWindows(const v1::JobSpec& resolved, int64_t windows_per_epoch) {
+  int64_t total;
+  if (__builtin_mul_overflow(windows_per_epoch, resolved.stop().epochs(), &total)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return total;
 }
 
 bool IsTokenLevel(const v1::JobSpec& resolved) {
@@ -1006,10 +776,10 @@ int64_t ModelVocabSize(const v1::JobSpec& resolved) {
   const v1::Model& m = resolved.model();
   // A spec resolved before the field existed (journaled by an older coordinator) means bytes.
   if (m.has_tiny_gpt()) {
-    return m.tiny_gpt().has_vocab_size() ? m.tiny_gpt().vocab_size() : kDefaultVocabSize;
+    return m.tiny_gpt().has_vocab_size() ? m.tiny_gpt().vocab_size() : defaults::kVocabSize;
   }
   if (m.has_torchscript()) {
-    return m.torchscript().has_vocab_size() ? m.torchscript().vocab_size() : kDefaultVocabSize;
+    return m.torchscript().has_vocab_size() ? m.torchscript().vocab_size() : defaults::kVocabSize;
   }
   return 0;
 }

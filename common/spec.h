@@ -21,7 +21,7 @@ namespace trainstep {
 //   batch.micro_batch_size: expected an integer, got 4.5
 //   spec is not valid JSON at line 3, column 21: Unexpected token.
 // Parsing does not validate values: an unknown enum number or a NaN parses, and is
-// rejected by ResolveJobSpec.
+// rejected by ResolveJobSpec. A -0 reads as 0, so JobSpecToJson's output reads back equal.
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 
 // Validates every field and returns a copy with every default filled in: every `optional`
@@ -47,9 +47,19 @@ std::string JobSpecToJson(const v1::JobSpec& spec, bool pretty = false);
 // that two specs that mean the same job hash the same.
 std::string JobSpecHash(const v1::JobSpec& resolved);
 
+// The loss_scaler fields ResolveJobSpec fills in when a spec leaves them out (PyTorch
+// GradScaler's defaults, hysteresis 1, no floor): every field set but `enabled`, whose default
+// follows the precision.
+const v1::LossScaler& DefaultLossScaler();
+
 // Samples per optimizer update over all ranks: micro_batch_size × accumulation_steps ×
 // workers.count.
 int64_t GlobalBatchSamples(const v1::JobSpec& resolved);
+
+// Windows of the whole job when stop.epochs bounds it: windows_per_epoch × stop.epochs (0
+// when stop.epochs is unset). Saturates at INT64_MAX, so a huge stop.epochs cannot wrap to a
+// negative count; INT64_MAX reads as "beyond any horizon".
+int64_t JobTotalWindows(const v1::JobSpec& resolved, int64_t windows_per_epoch);
 
 // True when the data is token-level (data.text, data.jsonl or data.tokens): losses normalise
 // by tokens.

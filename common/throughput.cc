@@ -1,6 +1,10 @@
 #include "common/throughput.h"
 
 #include <algorithm>
+#include <limits>
+
+#include "common/spec.h"
+#include "common/window_outcome.h"
 
 namespace trainstep {
 
@@ -19,11 +23,12 @@ v1::Throughput ComputeThroughput(const std::vector<v1::UpdateRecord>& records, c
   // The log is in end-time order: walk back from its newest record until the span's start.
   for (auto it = records.rbegin(); it != records.rend() && it->end_time_ms() > from_ms; ++it) {
     if (it->end_time_ms() > to_ms) continue;
-    if (it->outcome() == "commit") {
+    const v1::WindowOutcome outcome = OutcomeOf(*it);
+    if (outcome == v1::COMMIT) {
       tokens += it->global_valid_tokens();
       ++updates;
     }
-    if (it->outcome() != "abort") ++windows;
+    if (outcome != v1::ABORT) ++windows;
   }
   const double seconds = absl::ToDoubleSeconds(span);
   t.set_span_seconds(seconds);
@@ -39,10 +44,8 @@ v1::Throughput ComputeThroughput(const std::vector<v1::UpdateRecord>& records, c
       t.set_eta_seconds(static_cast<double>(left) / t.updates_per_second());
     }
   } else if (p.windows_per_epoch() > 0 && windows > 0) {
-    int64_t total;
-    if (__builtin_mul_overflow(p.windows_per_epoch(), job.spec().stop().epochs(), &total)) {
-      return t;  // epochs beyond any horizon: no ETA
-    }
+    const int64_t total = JobTotalWindows(job.spec(), p.windows_per_epoch());
+    if (total == std::numeric_limits<int64_t>::max()) return t;  // beyond any horizon: no ETA
     const int64_t left = std::max<int64_t>(0, total - p.window_id());
     t.set_eta_seconds(static_cast<double>(left) / t.windows_per_second());
   }

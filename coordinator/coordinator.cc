@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -51,22 +53,45 @@ absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string&
       return absl::DataLossError(absl::StrCat("journal record ", i + 1, " in ", state_dir,
                                               " passed its checksum but is not a record"));
     }
-    registry->Apply(record);
+    const absl::Status applied = registry->Apply(record);
+    if (!applied.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("journal record ", i + 1, " in ", state_dir,
+                       " cannot follow the records before it: ", applied.message()));
+    }
   }
   registry->Recovered(now);
   return absl::OkStatus();
 }
 
+std::string PlaceKey(v1::HeartbeatResponse place) {
+  place.clear_state_version();
+  return place.SerializeAsString();
+}
+
 // --- Lifecycle ---
 
 Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)), registry_(options_.machine, options_.limits) {}
+    : options_(std::move(options)),
+      id_(absl::StrFormat("%016x", absl::Uniform<uint64_t>(absl::BitGen()))),
+      registry_(options_.machine, options_.limits) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOptions options) {
   std::unique_ptr<Coordinator> c(new Coordinator(std::move(options)));
   JournalOptions jopts;
   CoordinatorMetrics* metrics = c->options_.metrics;
   if (metrics != nullptr) jopts.on_fsync = [metrics](double s) { metrics->OnJournalFsync(s); };
+  // Snapshots are written on the journal's thread; this hears how each went. Takes no mu_.
+  jopts.on_snapshot = [raw = c.get()](const absl::Status& s, bool journal_broken, double) {
+    if (s.ok()) return;
+    if (!journal_broken) {
+      // The log is intact and the next Tick tries again.
+      LogWarning(absl::StrCat("journal snapshot failed (the log is intact): ", s.message()));
+      return;
+    }
+    LogError(absl::StrCat("journal snapshot failed: ", s.message()));
+    raw->JournalFailed(s);  // Stop now, not at the next record's Sync.
+  };
   RecoveredJournal recovered;
   ASSIGN_OR_RETURN(c->journal_,
                    Journal::Open(c->options_.env, c->options_.state_dir, jopts, &recovered));
@@ -91,8 +116,11 @@ Coordinator::~Coordinator() {
   {
     absl::MutexLock lock(&sync_mu_);
     stop_syncer_ = true;
+    sync_cv_.Signal();
   }
   if (syncer_.joinable()) syncer_.join();
+  // Waits for a snapshot being written, while on_snapshot may still use this object.
+  journal_.reset();
 }
 
 void Coordinator::Shutdown() {
@@ -117,6 +145,13 @@ void Coordinator::Shutdown() {
 }
 
 bool Coordinator::healthy() const { return !journal_failed_.load(); }
+
+void Coordinator::JournalFailed(const absl::Status& status) {
+  absl::call_once(journal_failure_once_, [&] {
+    journal_status_ = status;
+    journal_failed_.store(true);
+  });
+}
 
 // --- The call path ---
 
@@ -171,54 +206,70 @@ void Coordinator::Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> don
 }
 
 uint64_t Coordinator::CommitLocked(absl::Time now, std::vector<Completion>* out) {
-  // Re-polling may itself change a machine (an empty window ends at its barrier), so
-  // repeat until nothing moves; each round ends at least one waiter or changes nothing.
-  for (int round = 0; round < 8; ++round) {
-    bool job_states_changed = false;
-    for (v1::JournalRecord& record : registry_.TakeRecords()) {
-      journal_->Append(record.SerializeAsString());
-      if (record.has_generation_formed()) {
-        const v1::GenerationFormed& f = record.generation_formed();
-        StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
-      }
-      if (record.has_job_ended()) stores_.erase(record.job_ended().job_id());
-      if (record.has_job_forgotten()) {
-        LogInfo(absl::StrCat("forgot finished job ", record.job_forgotten().job_id(),
-                             " (--max-jobs ", options_.limits.max_jobs, ")"));
-        stores_.erase(record.job_forgotten().job_id());
-        seen_versions_.erase(record.job_forgotten().job_id());
-      }
-      job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
-                            record.has_generation_formed() || record.has_job_forgotten();
-      if (options_.metrics != nullptr) {
-        const std::string job_id = JobIdOf(record);
-        absl::StatusOr<v1::Job> job = registry_.Get(job_id);
-        if (job.ok()) options_.metrics->OnRecord(record, *job);
-        if (record.has_worker_registered() || record.has_worker_lost() ||
-            record.has_generation_formed() || record.has_dataset_accepted()) {
-          options_.metrics->OnWorkers(job_id, registry_.ListWorkers(job_id));
-        }
-      }
+  // Re-polling may itself change a machine (an empty window ends at its barrier), so repeat
+  // until nothing moves; every round's records are journaled before the answers that reveal
+  // them are delivered. Each round ends a waiter or finds nothing changed, so this settles
+  // in a few rounds; the cap only stops a bug from spinning under the lock.
+  constexpr int kMaxRounds = 64;
+  JournalNewRecordsLocked();
+  for (int round = 1; RepollChangedLocked(now, out); ++round) {
+    JournalNewRecordsLocked();
+    if (round == kMaxRounds) {
+      LogWarning(absl::StrCat("waiters still moving after ", kMaxRounds,
+                              " rounds; the rest are polled at the next change"));
+      break;
     }
-    if (job_states_changed && options_.metrics != nullptr) {
-      options_.metrics->OnJobStates(registry_.List());
-    }
-    std::set<std::string> waiting_jobs;
-    for (const Waiter& w : waiters_) waiting_jobs.insert(w.job_id);
-    bool moved = false;
-    for (const std::string& job_id : waiting_jobs) {
-      absl::StatusOr<StepMachine*> m = registry_.Machine(job_id);
-      const std::pair<uint64_t, uint64_t> version = {m.ok() ? (*m)->version() : 0,
-                                                     StoreOf(job_id).version()};
-      std::pair<uint64_t, uint64_t>& seen = seen_versions_[job_id];
-      if (version == seen) continue;
-      seen = version;
-      moved = true;
-      RepollLocked(job_id, now, out);
-    }
-    if (!moved) break;
   }
   return journal_->last_appended();
+}
+
+void Coordinator::JournalNewRecordsLocked() {
+  bool job_states_changed = false;
+  for (v1::JournalRecord& record : registry_.TakeRecords()) {
+    journal_->Append(record.SerializeAsString());
+    if (record.has_generation_formed()) {
+      const v1::GenerationFormed& f = record.generation_formed();
+      StoreOf(f.job_id()).KeepOnly(f.assignment().store_prefix());
+    }
+    if (record.has_job_ended()) stores_.erase(record.job_ended().job_id());
+    if (record.has_job_forgotten()) {
+      LogInfo(absl::StrCat("forgot finished job ", record.job_forgotten().job_id(), " (--max-jobs ",
+                           options_.limits.max_jobs, ")"));
+      stores_.erase(record.job_forgotten().job_id());
+      seen_versions_.erase(record.job_forgotten().job_id());
+    }
+    job_states_changed |= record.has_job_submitted() || record.has_job_ended() ||
+                          record.has_generation_formed() || record.has_job_forgotten();
+    if (options_.metrics != nullptr) {
+      const std::string job_id = JobIdOf(record);
+      absl::StatusOr<v1::Job> job = registry_.Get(job_id);
+      if (job.ok()) options_.metrics->OnRecord(record, *job);
+      if (record.has_worker_registered() || record.has_worker_lost() ||
+          record.has_generation_formed() || record.has_dataset_accepted()) {
+        options_.metrics->OnWorkers(job_id, registry_.ListWorkers(job_id));
+      }
+    }
+  }
+  if (job_states_changed && options_.metrics != nullptr) {
+    options_.metrics->OnJobStates(registry_.List());
+  }
+}
+
+bool Coordinator::RepollChangedLocked(absl::Time now, std::vector<Completion>* out) {
+  std::set<std::string> waiting_jobs;
+  for (const Waiter& w : waiters_) waiting_jobs.insert(w.job_id);
+  bool moved = false;
+  for (const std::string& job_id : waiting_jobs) {
+    absl::StatusOr<StepMachine*> m = registry_.Machine(job_id);
+    const std::pair<uint64_t, uint64_t> version = {m.ok() ? (*m)->version() : 0,
+                                                   StoreOf(job_id).version()};
+    std::pair<uint64_t, uint64_t>& seen = seen_versions_[job_id];
+    if (version == seen) continue;
+    seen = version;
+    moved = true;
+    RepollLocked(job_id, now, out);
+  }
+  return moved;
 }
 
 void Coordinator::RepollLocked(const std::string& job_id, absl::Time now,
@@ -254,6 +305,7 @@ void Coordinator::Deliver(uint64_t seq, std::vector<Completion> completions) {
   }
   absl::MutexLock lock(&sync_mu_);
   to_sync_.emplace_back(seq, std::move(completions));
+  sync_cv_.Signal();
 }
 
 void Coordinator::SyncerLoop() {
@@ -261,11 +313,9 @@ void Coordinator::SyncerLoop() {
     std::deque<std::pair<uint64_t, std::vector<Completion>>> batch;
     {
       absl::MutexLock lock(&sync_mu_);
-      sync_mu_.Await(absl::Condition(
-          +[](Coordinator* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->sync_mu_) {
-            return !c->to_sync_.empty() || c->stop_syncer_;
-          },
-          this));
+      // A CondVar loop rather than Mutex::Await: the condition is then read by this code
+      // with the lock held, where ThreadSanitizer sees the lock (tsan_absl_shim.cc).
+      while (to_sync_.empty() && !stop_syncer_) sync_cv_.Wait(&sync_mu_);
       if (to_sync_.empty()) return;  // stopping, and nothing left to flush
       batch.swap(to_sync_);
     }
@@ -276,9 +326,8 @@ void Coordinator::SyncerLoop() {
       uint64_t prev = durable_seq_.load();
       while (prev < max_seq && !durable_seq_.compare_exchange_weak(prev, max_seq)) {
       }
-    } else if (!journal_failed_.load()) {
-      journal_status_ = status;
-      journal_failed_.store(true);
+    } else {
+      JournalFailed(status);
     }
     for (auto& [seq, completions] : batch) {
       for (Completion& c : completions) c(status);
@@ -310,12 +359,14 @@ absl::Time Coordinator::Tick() {
       it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
     }
     seq = CommitLocked(now, &completions);
-    if (!journal_failed_.load() &&
+    if (!journal_failed_.load() && !journal_->snapshot_in_progress() &&
         journal_->records_since_snapshot() >= options_.snapshot_every_records) {
-      absl::Status s = journal_->WriteSnapshot(registry_.Snapshot().SerializeAsString());
+      // Serialising is memory work; the journal writes the snapshot on its own thread and
+      // reports the outcome to on_snapshot (Open). Not started: a broken journal (the next
+      // Sync stops us) or a snapshot too big to frame, which says so.
+      absl::Status s = journal_->StartSnapshot(registry_.Snapshot().SerializeAsString());
       if (!s.ok() && !journal_failed_.load()) {
-        // A failed snapshot leaves the log intact; only a broken journal stops us (next Sync).
-        LogWarning(absl::StrCat("journal snapshot failed (the log is intact): ", s.message()));
+        LogWarning(absl::StrCat("journal snapshot not started: ", s.message()));
       }
     }
     std::optional<absl::Time> deadline = registry_.NextDeadline();
@@ -325,13 +376,28 @@ absl::Time Coordinator::Tick() {
   return next;
 }
 
+void Coordinator::WaitForTick(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time real_deadline = absl::Now() + (deadline - options_.clock->Now());
+  while (!tick_due_) {
+    if (tick_cv_.WaitWithDeadline(&mu_, real_deadline)) break;  // the deadline passed
+  }
+  tick_due_ = false;
+}
+
+void Coordinator::WakeDriver() {
+  absl::MutexLock lock(&mu_);
+  tick_due_ = true;
+  tick_cv_.SignalAll();
+}
+
 // --- JobService ---
 
-void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done) {
+void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done, Caller caller) {
   Run<v1::Job>(
       "",
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now));
+      [this, req, caller](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now, caller));
         return Ready(std::move(job));
       },
       std::move(done), nullptr);
@@ -359,11 +425,11 @@ void Coordinator::ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResp
       std::move(done), nullptr);
 }
 
-void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done) {
+void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done, Caller caller) {
   Run<v1::Job>(
       req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req, now));
+      [this, req, caller](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
+        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req, now, caller));
         AddThroughput(registry_, now, &job);
         return Ready(std::move(job));
       },
@@ -439,9 +505,23 @@ void Coordinator::Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatR
       [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, m->Heartbeat(req, now));
+        resp.set_coordinator_id(id_);
+        resp.set_state_version(m->version());
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);
+}
+
+template <typename Resp>
+void Coordinator::ObserveBarrier(const char* rpc, const char* phase,
+                                 const absl::StatusOr<Answer<Resp>>& answer, absl::Time arrived,
+                                 absl::Time now) const {
+  if (options_.metrics == nullptr) return;
+  if (!answer.ok()) {
+    options_.metrics->OnRejected(rpc, absl::StatusCodeToString(answer.status().code()));
+  } else if (answer->ready) {
+    options_.metrics->OnBarrierWait(phase, absl::ToDoubleSeconds(now - arrived));
+  }
 }
 
 void Coordinator::BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginWindowResponse> done,
@@ -452,14 +532,7 @@ void Coordinator::BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginW
       [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::BeginWindowResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         absl::StatusOr<Answer<v1::BeginWindowResponse>> a = m->BeginWindow(req, now);
-        if (options_.metrics != nullptr) {
-          if (!a.ok()) {
-            options_.metrics->OnRejected("BeginWindow",
-                                         absl::StatusCodeToString(a.status().code()));
-          } else if (a->ready) {
-            options_.metrics->OnBarrierWait("begin", absl::ToDoubleSeconds(now - arrived));
-          }
-        }
+        ObserveBarrier("BeginWindow", "begin", a, arrived, now);
         return a;
       },
       std::move(done), std::move(handle));
@@ -474,17 +547,36 @@ void Coordinator::CompleteWindow(const v1::CompleteWindowRequest& req,
       [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::CompleteWindowResponse>> {
         ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
         absl::StatusOr<Answer<v1::CompleteWindowResponse>> a = m->CompleteWindow(req, now);
-        if (options_.metrics != nullptr) {
-          if (!a.ok()) {
-            options_.metrics->OnRejected("CompleteWindow",
-                                         absl::StatusCodeToString(a.status().code()));
-          } else if (a->ready) {
-            options_.metrics->OnBarrierWait("complete", absl::ToDoubleSeconds(now - arrived));
-          }
-        }
+        ObserveBarrier("CompleteWindow", "complete", a, arrived, now);
         return a;
       },
       std::move(done), std::move(handle));
+}
+
+void Coordinator::Attach(const v1::AttachRequest& req, uint64_t seq, const std::string& last_sent,
+                         Done<v1::HeartbeatResponse> done, std::shared_ptr<CallHandle> handle) {
+  Run<v1::HeartbeatResponse>(
+      req.job_id(),
+      [this, req, seq, last_sent](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        Answer<v1::HeartbeatResponse> a;
+        ASSIGN_OR_RETURN(a.response, m->Attach(req, seq, now));
+        a.response.set_coordinator_id(id_);
+        a.ready = PlaceKey(a.response) != last_sent;  // not every change of the job: its place
+        a.response.set_state_version(m->version());
+        return a;
+      },
+      std::move(done), std::move(handle));
+}
+
+void Coordinator::Detached(const v1::AttachRequest& req, uint64_t seq) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;  // the streams end because this process stops, not the workers
+  absl::StatusOr<StepMachine*> m = registry_.Machine(req.job_id());
+  if (!m.ok()) return;
+  (*m)->Detached(req.worker_id(), seq, options_.clock->Now());
+  tick_due_ = true;  // the lease now ends sooner than the driver planned to wake
+  tick_cv_.SignalAll();
 }
 
 void Coordinator::AckCheckpoint(const v1::AckCheckpointRequest& req,
@@ -542,13 +634,16 @@ void Coordinator::StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResp
                            std::shared_ptr<CallHandle> handle) {
   Run<v1::StoreGetResponse>(
       req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        RETURN_IF_ERROR(m->CheckRendezvousKey(req.key()));
         Answer<v1::StoreGetResponse> a;
         std::optional<std::string> value = StoreOf(req.job_id()).Get(req.key());
         if (value.has_value()) {
           a.ready = true;
           a.response.set_value(std::move(*value));
+        } else {
+          RETURN_IF_ERROR(m->RendezvousKeyMissing(req.key(), now));
         }
         return a;
       },
@@ -599,10 +694,17 @@ void Coordinator::StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitR
                             std::shared_ptr<CallHandle> handle) {
   Run<v1::StoreWaitResponse>(
       req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
+        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
+        for (const std::string& key : req.keys()) RETURN_IF_ERROR(m->CheckRendezvousKey(key));
         Answer<v1::StoreWaitResponse> a;
-        a.ready = StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()});
+        KvStore& store = StoreOf(req.job_id());
+        a.ready = store.HasAll({req.keys().begin(), req.keys().end()});
+        for (const std::string& key : req.keys()) {
+          if (!a.ready && !store.Get(key).has_value()) {
+            RETURN_IF_ERROR(m->RendezvousKeyMissing(key, now));
+          }
+        }
         return a;
       },
       std::move(done), std::move(handle));

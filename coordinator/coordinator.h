@@ -1,8 +1,9 @@
 // Coordinator: the thread-safe shell around the pure JobRegistry. It serialises calls
 // under one lock, journals every record the machines produce, and answers a call only
-// once the state it reveals is durable (group commit on a dedicated syncer thread, so
-// no RPC thread blocks on fsync). Calls that wait on a barrier or a store key are kept
-// as pollers and asked again whenever their job changes.
+// once the state it reveals is durable (group commit on a dedicated syncer thread, so no
+// RPC thread waits for a record's fsync; Tick serialises a snapshot under the lock, and the
+// journal writes and fsyncs it on its own thread while calls go on). Calls that wait on a
+// barrier or a store key are kept as pollers and asked again whenever their job changes.
 //
 // The gRPC services (worker_service.h, job_service.h) are thin adapters over this class;
 // the tests drive it directly with a FakeClock.
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -71,10 +73,16 @@ struct CoordinatorOptions {
 };
 
 // Rebuilds `registry` (fresh) from what Journal::Open recovered: the snapshot, then every
-// record, then Recovered(now). DATA_LOSS naming `state_dir` if a checksummed snapshot or record
-// does not parse.
+// record, then Recovered(now). DATA_LOSS naming `state_dir` and the record if a checksummed
+// snapshot or record does not parse, or a record cannot follow those before it
+// (JobRegistry::Apply): the coordinator then refuses to start rather than run from a state no
+// run reaches.
 absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string& state_dir,
                            absl::Time now, JobRegistry* registry);
+
+// What an Attach stream compares to decide whether a worker's place changed: the place without
+// its state version (which grows with every change of the job).
+std::string PlaceKey(v1::HeartbeatResponse place);
 
 class Coordinator {
  public:
@@ -83,12 +91,15 @@ class Coordinator {
   ~Coordinator();
 
   const std::vector<std::string>& recovery_warnings() const { return recovery_warnings_; }
+  // Random, chosen when this process opened the journal (HeartbeatResponse.coordinator_id).
+  const std::string& id() const { return id_; }
 
   // --- JobService ---
-  void SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done);
+  // `caller`: who asks, as the RPC layer's authorization found it (job_registry.h).
+  void SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done, Caller caller = {});
   void GetJob(const v1::GetJobRequest& req, Done<v1::Job> done);
   void ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResponse> done);
-  void CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done);
+  void CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done, Caller caller = {});
   void ListUpdates(const v1::ListUpdatesRequest& req, Done<v1::ListUpdatesResponse> done);
   void ListWorkers(const v1::ListWorkersRequest& req, Done<v1::ListWorkersResponse> done);
   // Answers as soon as there is something new after `cursor` (or the job ended).
@@ -106,6 +117,12 @@ class Coordinator {
   void ReportEval(const v1::ReportEvalRequest& req, Done<v1::ReportEvalResponse> done,
                   std::shared_ptr<CallHandle> handle);
   void ReportFailure(const v1::ReportFailureRequest& req, Done<v1::ReportFailureResponse> done);
+  // One poll of Attach stream `seq` (the caller numbers streams, unique in this process): the
+  // worker's place, answered once it differs from `last_sent` (serialized; "" = none sent).
+  void Attach(const v1::AttachRequest& req, uint64_t seq, const std::string& last_sent,
+              Done<v1::HeartbeatResponse> done, std::shared_ptr<CallHandle> handle);
+  // Stream `seq` dropped: the worker's lease ends after the machine's detach grace.
+  void Detached(const v1::AttachRequest& req, uint64_t seq);
 
   void StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done);
   void StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
@@ -123,6 +140,10 @@ class Coordinator {
   // Expires leases, drops abandoned waiters, snapshots the journal when due. Returns the
   // time it next needs to run.
   absl::Time Tick();
+  // The driver's sleep between ticks: until `deadline` (of options.clock), or until a lease was
+  // cut short (Detached) or WakeDriver was called.
+  void WaitForTick(absl::Time deadline);
+  void WakeDriver();
   // Every waiting call and every later call is answered UNAVAILABLE; the journal is
   // flushed. Idempotent.
   void Shutdown();
@@ -158,16 +179,31 @@ class Coordinator {
   // Returns the sequence number the answers must wait for.
   uint64_t CommitLocked(absl::Time now, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the registry's new records to the journal and tells the metrics.
+  void JournalNewRecordsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-polls the waiters of every job whose machine or store changed since they were last
+  // polled; false when none had.
+  bool RepollChangedLocked(absl::Time now, std::vector<Completion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RepollLocked(const std::string& job_id, absl::Time now, std::vector<Completion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Delivers after the journal holds `seq` (inline when it already does).
   void Deliver(uint64_t seq, std::vector<Completion> completions);
   void SyncerLoop();
+  // The journal cannot be written any more: every later answer carries `status` and healthy()
+  // turns false. The first cause wins; any thread.
+  void JournalFailed(const absl::Status& status);
   KvStore& StoreOf(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A barrier call's metrics: refused (by code) or answered after waiting since `arrived`.
+  template <typename Resp>
+  void ObserveBarrier(const char* rpc, const char* phase,
+                      const absl::StatusOr<Answer<Resp>>& answer, absl::Time arrived,
+                      absl::Time now) const;
 
   CoordinatorOptions options_;
   std::unique_ptr<Journal> journal_;
   std::vector<std::string> recovery_warnings_;
+  const std::string id_;
 
   mutable absl::Mutex mu_;
   JobRegistry registry_ ABSL_GUARDED_BY(mu_);
@@ -176,14 +212,18 @@ class Coordinator {
   // (machine version, store version) of each job when its waiters were last polled.
   std::map<std::string, std::pair<uint64_t, uint64_t>> seen_versions_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar tick_cv_;  // signalled when tick_due_ is set
+  bool tick_due_ ABSL_GUARDED_BY(mu_) = false;
 
   // The syncer: completions waiting for their records to be fsynced.
   absl::Mutex sync_mu_;
+  absl::CondVar sync_cv_;  // to_sync_ grew, or stop_syncer_
   std::deque<std::pair<uint64_t, std::vector<Completion>>> to_sync_ ABSL_GUARDED_BY(sync_mu_);
   bool stop_syncer_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::atomic<uint64_t> durable_seq_{0};
   std::atomic<bool> journal_failed_{false};
-  absl::Status journal_status_;  // set once, before journal_failed_
+  absl::once_flag journal_failure_once_;
+  absl::Status journal_status_;  // set once (JournalFailed), before journal_failed_
   std::thread syncer_;
 };
 

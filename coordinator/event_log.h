@@ -18,6 +18,7 @@ class EventLog : public CoordinatorMetrics {
   void OnJournalFsync(double) override {}
   void OnRejected(absl::string_view, absl::string_view) override {}
   void OnBarrierWait(absl::string_view, double) override {}
+  void OnAuthFailure(absl::string_view, absl::string_view) override {}  // rpc_auth.cc logs them
 };
 
 // Forwards every call to each of `sinks` (not owned).
@@ -41,6 +42,9 @@ class FanoutMetrics : public CoordinatorMetrics {
   }
   void OnBarrierWait(absl::string_view phase, double seconds) override {
     for (auto* s : sinks_) s->OnBarrierWait(phase, seconds);
+  }
+  void OnAuthFailure(absl::string_view method, absl::string_view code) override {
+    for (auto* s : sinks_) s->OnAuthFailure(method, code);
   }
 
  private:

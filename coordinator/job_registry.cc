@@ -19,6 +19,12 @@ constexpr char kWorkerPrefix[] = "w-";
 constexpr int32_t kDefaultPageSize = 1000;
 constexpr int32_t kMaxPageSize = 10000;
 
+// A request id is its caller's: the same id (a spec's default hash) from two principals names
+// two requests. A '\n' cannot be in a principal read from an auth file's line.
+std::string RequestKey(const std::string& owner, const std::string& request_id) {
+  return owner.empty() ? request_id : absl::StrCat(owner, "\n", request_id);
+}
+
 // The same directory however the spec spells it ("a/./b/" is "a/b"). The coordinator cannot
 // see the workers' file systems, so symlinks are the workers' check (the claim marker).
 std::string CheckpointDirKey(const std::string& dir) {
@@ -62,6 +68,8 @@ std::string JobIdOf(const v1::JournalRecord& record) {
       return record.eval_ended().job_id();
     case v1::JournalRecord::kJobForgotten:
       return record.job_forgotten().job_id();
+    case v1::JournalRecord::kGenerationEnded:
+      return record.generation_ended().job_id();
     case v1::JournalRecord::KIND_NOT_SET:
       break;
   }
@@ -70,7 +78,8 @@ std::string JobIdOf(const v1::JournalRecord& record) {
 
 std::string JobRegistry::NewJobId() { return absl::StrCat(kJobPrefix, next_job_number_); }
 
-absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, absl::Time now) {
+absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, absl::Time now,
+                                            const Caller& caller) {
   RETURN_IF_ERROR(CheckRequestId(req.request_id(), limits_));
   v1::JobSpec resolved;
   switch (req.source_case()) {
@@ -86,7 +95,7 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
       return absl::InvalidArgumentError("spec_json or spec is required");
   }
   if (!req.request_id().empty()) {
-    auto it = job_by_request_.find(req.request_id());
+    auto it = job_by_request_.find(RequestKey(caller.principal, req.request_id()));
     if (it != job_by_request_.end()) {
       // AIP-155: a retry of the same request gets the earlier result; another request under
       // the same id is an error. Same = the same resolved spec (the journaled one).
@@ -135,6 +144,7 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
   *job.mutable_spec() = resolved;
   job.set_submit_time_ms(absl::ToUnixMillis(now));
   job.set_request_id(req.request_id());
+  job.set_owner(caller.principal);
   std::unique_ptr<StepMachine> machine = StepMachine::Create(options_, job, now);
   for (v1::JournalRecord& r : machine->TakeRecords()) pending_.push_back(std::move(r));
   Index(*machine);
@@ -146,7 +156,9 @@ absl::StatusOr<v1::Job> JobRegistry::Submit(const v1::SubmitJobRequest& req, abs
 void JobRegistry::Index(const StepMachine& machine) {
   const v1::Job job = machine.Job();
   job_order_.push_back(job.job_id());
-  if (!job.request_id().empty()) job_by_request_[job.request_id()] = job.job_id();
+  if (!job.request_id().empty()) {
+    job_by_request_[RequestKey(job.owner(), job.request_id())] = job.job_id();
+  }
   next_job_number_ = std::max(next_job_number_, IdNumber(job.job_id(), kJobPrefix) + 1);
 }
 
@@ -192,9 +204,19 @@ absl::StatusOr<v1::ListJobsResponse> JobRegistry::ListJobs(const v1::ListJobsReq
   return resp;
 }
 
-absl::StatusOr<v1::Job> JobRegistry::Cancel(const v1::CancelJobRequest& req, absl::Time now) {
+absl::StatusOr<v1::Job> JobRegistry::Cancel(const v1::CancelJobRequest& req, absl::Time now,
+                                            const Caller& caller) {
   RETURN_IF_ERROR(CheckRequestId(req.request_id(), limits_));
   ASSIGN_OR_RETURN(StepMachine * m, Machine(req.job_id()));
+  if (caller.own_jobs_only) {
+    const std::string owner = m->Job().owner();
+    if (owner != caller.principal) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(req.job_id(), " was submitted by ",
+                       owner.empty() ? "nobody known" : absl::StrCat("\"", owner, "\""), "; \"",
+                       caller.principal, "\" may cancel only its own jobs (or ask an admin)"));
+    }
+  }
   RETURN_IF_ERROR(m->Cancel(now));
   return m->Job();
 }
@@ -250,6 +272,8 @@ bool JobRegistry::ForgetFinishedBeyond(size_t keep) {
                                [this](const std::string& id) { return jobs_.at(id)->terminal(); });
     if (oldest == job_order_.end()) return false;
     const std::string id = *oldest;
+    // Records of it not yet taken go first, so the journal never names a forgotten job.
+    for (v1::JournalRecord& r : jobs_.at(id)->TakeRecords()) pending_.push_back(std::move(r));
     v1::JournalRecord record;
     record.mutable_job_forgotten()->set_job_id(id);
     Forget(id);
@@ -261,8 +285,8 @@ bool JobRegistry::ForgetFinishedBeyond(size_t keep) {
 void JobRegistry::Forget(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
-  const std::string request_id = it->second->Job().request_id();
-  if (!request_id.empty()) job_by_request_.erase(request_id);
+  const v1::Job job = it->second->Job();
+  if (!job.request_id().empty()) job_by_request_.erase(RequestKey(job.owner(), job.request_id()));
   for (auto w = job_of_worker_.begin(); w != job_of_worker_.end();) {
     w = w->second == job_id ? job_of_worker_.erase(w) : std::next(w);
   }
@@ -372,24 +396,46 @@ std::vector<v1::JournalRecord> JobRegistry::TakeRecords() {
   return out;
 }
 
-void JobRegistry::Apply(const v1::JournalRecord& record) {
-  if (record.has_job_forgotten()) {
-    Forget(record.job_forgotten().job_id());
-    return;
-  }
+absl::Status JobRegistry::Apply(const v1::JournalRecord& record) {
+  if (record.kind_case() == v1::JournalRecord::KIND_NOT_SET) return absl::OkStatus();
+  const std::string job_id = JobIdOf(record);
+  auto it = jobs_.find(job_id);
   if (record.has_job_submitted()) {
+    if (job_id.empty() || it != jobs_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it submits job '", job_id, "', which is ",
+                       job_id.empty() ? "no job id" : "already submitted"));
+    }
     std::unique_ptr<StepMachine> m = StepMachine::FromSubmitted(options_, record.job_submitted());
     Index(*m);
-    const std::string id = m->job_id();
-    jobs_[id] = std::move(m);
-    return;
+    jobs_[job_id] = std::move(m);
+    return absl::OkStatus();
   }
+  if (it == jobs_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("it names job '", job_id, "', which the journal does not hold"));
+  }
+  if (record.has_job_forgotten()) {
+    if (!it->second->terminal()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it forgets job '", job_id, "', which has not ended"));
+    }
+    Forget(job_id);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(it->second->CheckFollows(record));
   if (record.has_worker_registered()) {
     const v1::WorkerRegistered& w = record.worker_registered();
-    IndexWorker(w.worker().worker_id(), w.worker().job_id(), w.request_id());
+    const std::string& worker_id = w.worker().worker_id();
+    if (worker_id.empty() || job_of_worker_.count(worker_id) > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it registers worker '", worker_id, "', which is ",
+                       worker_id.empty() ? "no worker id" : "registered with another job"));
+    }
+    IndexWorker(worker_id, job_id, w.request_id());
   }
-  auto it = jobs_.find(JobIdOf(record));
-  if (it != jobs_.end()) it->second->Apply(record);
+  it->second->Apply(record);
+  return absl::OkStatus();
 }
 
 v1::CoordinatorSnapshot JobRegistry::Snapshot() const {

@@ -23,6 +23,12 @@ namespace trainstep {
 // The job a journal record belongs to.
 std::string JobIdOf(const v1::JournalRecord& record);
 
+// Who makes a JobService call, as the RPC layer's authorization (auth.h) found it.
+struct Caller {
+  std::string principal;       // "" without authentication; Submit records it as Job.owner
+  bool own_jobs_only = false;  // Cancel refuses a job that another principal submitted
+};
+
 class JobRegistry {
  public:
   explicit JobRegistry(const MachineOptions& options, const Limits& limits = Limits())
@@ -32,15 +38,19 @@ class JobRegistry {
   // Refuses oversized request ids, names and specs (INVALID_ARGUMENT), a checkpoint dir a
   // live job already uses (FAILED_PRECONDITION naming it), and a job beyond --max-jobs when
   // every retained job is live (RESOURCE_EXHAUSTED); otherwise forgets the oldest finished
-  // jobs to make room.
-  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& req, absl::Time now);
+  // jobs to make room. Request ids are the caller's own: the same id from two principals
+  // names two requests.
+  absl::StatusOr<v1::Job> Submit(const v1::SubmitJobRequest& req, absl::Time now,
+                                 const Caller& caller = {});
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   // Every job, in submission order (for metrics; RPCs page with ListJobs).
   std::vector<v1::Job> List() const;
   // A page of jobs within the page size and Limits::list_page_bytes; its token is the number
   // of the last job in it, so jobs forgotten between pages shift nothing.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;
-  absl::StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& req, absl::Time now);
+  // PERMISSION_DENIED when caller.own_jobs_only and the job is another principal's.
+  absl::StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& req, absl::Time now,
+                                 const Caller& caller = {});
   absl::StatusOr<v1::ListUpdatesResponse> ListUpdates(const v1::ListUpdatesRequest& req) const;
   std::vector<v1::WorkerInfo> ListWorkers(const std::string& job_id) const;
   // A page of ListWorkers(req.job_id()); NOT_FOUND for an unknown job.
@@ -70,7 +80,11 @@ class JobRegistry {
   // --- Journal ---
   // Every record produced since the last call, in the order they were applied.
   std::vector<v1::JournalRecord> TakeRecords();
-  void Apply(const v1::JournalRecord& record);
+  // Replays one record. A record this state cannot have produced (see
+  // StepMachine::CheckFollows; here also: a job submitted twice, a record for a job the journal
+  // does not hold, a worker registered with two jobs) is refused, FAILED_PRECONDITION saying
+  // why, and changes nothing.
+  absl::Status Apply(const v1::JournalRecord& record);
   v1::CoordinatorSnapshot Snapshot() const;
   void Restore(const v1::CoordinatorSnapshot& snapshot, absl::Time now);
   // After a replay: every machine's Recovered (leases restart at `now`: the workers were
@@ -92,9 +106,9 @@ class JobRegistry {
   Limits limits_;
   std::map<std::string, std::unique_ptr<StepMachine>> jobs_;  // by id
   std::vector<std::string> job_order_;                        // submission order
-  std::map<std::string, std::string> job_by_request_;         // request_id -> job_id
-  std::map<std::string, std::string> worker_by_request_;      // request_id -> worker_id
-  std::map<std::string, std::string> job_of_worker_;          // worker_id -> job_id
+  std::map<std::string, std::string> job_by_request_;     // RequestKey(owner, request_id) -> job_id
+  std::map<std::string, std::string> worker_by_request_;  // request_id -> worker_id
+  std::map<std::string, std::string> job_of_worker_;      // worker_id -> job_id
   int64_t next_job_number_ = 1;
   int64_t next_worker_number_ = 1;
   std::optional<absl::Time> last_tick_;     // ephemeral; unset before the first Tick

@@ -103,56 +103,65 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
                                                     const v1::SubmitJobRequest* req,
                                                     v1::Job* resp) {
-  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
-    c_->SubmitJob(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "SubmitJob", *req, resp,
+                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller caller) {
+                      c_->SubmitJob(*req, std::move(done), std::move(caller));
+                    });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                  const v1::GetJobRequest* req, v1::Job* resp) {
-  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
-    c_->GetJob(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "GetJob", *req, resp,
+                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller) {
+                      c_->GetJob(*req, std::move(done));
+                    });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                    const v1::ListJobsRequest* req,
                                                    v1::ListJobsResponse* resp) {
-  return ServeUnary(resp, [&](Done<v1::ListJobsResponse> done, std::shared_ptr<CallHandle>) {
-    c_->ListJobs(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "ListJobs", *req, resp,
+                    [&](Done<v1::ListJobsResponse> done, std::shared_ptr<CallHandle>, Caller) {
+                      c_->ListJobs(*req, std::move(done));
+                    });
 }
 
 grpc::ServerWriteReactor<v1::WatchJobEvent>* JobServiceImpl::WatchJob(
-    grpc::CallbackServerContext*, const v1::WatchJobRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
+  if (absl::StatusOr<Caller> caller = AuthorizeCall(auth_, ctx, "WatchJob", *req); !caller.ok()) {
+    return new RefusedWriteReactor<v1::WatchJobEvent>(caller.status());
+  }
   return new WatchReactor(c_, *req);
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
                                                     const v1::CancelJobRequest* req,
                                                     v1::Job* resp) {
-  return ServeUnary(resp, [&](Done<v1::Job> done, std::shared_ptr<CallHandle>) {
-    c_->CancelJob(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "CancelJob", *req, resp,
+                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller caller) {
+                      c_->CancelJob(*req, std::move(done), std::move(caller));
+                    });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListUpdates(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::ListUpdates(grpc::CallbackServerContext* ctx,
                                                       const v1::ListUpdatesRequest* req,
                                                       v1::ListUpdatesResponse* resp) {
-  return ServeUnary(resp, [&](Done<v1::ListUpdatesResponse> done, std::shared_ptr<CallHandle>) {
-    c_->ListUpdates(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "ListUpdates", *req, resp,
+                    [&](Done<v1::ListUpdatesResponse> done, std::shared_ptr<CallHandle>, Caller) {
+                      c_->ListUpdates(*req, std::move(done));
+                    });
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
                                                       const v1::ListWorkersRequest* req,
                                                       v1::ListWorkersResponse* resp) {
-  return ServeUnary(resp, [&](Done<v1::ListWorkersResponse> done, std::shared_ptr<CallHandle>) {
-    c_->ListWorkers(*req, std::move(done));
-  });
+  return ServeUnary(auth_, ctx, "ListWorkers", *req, resp,
+                    [&](Done<v1::ListWorkersResponse> done, std::shared_ptr<CallHandle>, Caller) {
+                      c_->ListWorkers(*req, std::move(done));
+                    });
 }
 
 }  // namespace trainstep

@@ -4,13 +4,16 @@
 #define TRAINSTEP_COORDINATOR_JOB_SERVICE_H_
 
 #include "coordinator/coordinator.h"
+#include "coordinator/rpc_auth.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 
 namespace trainstep {
 
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  // `auth` (not owned) authorizes every call; null: everyone may call everything.
+  explicit JobServiceImpl(Coordinator* coordinator, RpcAuthorizer* auth = nullptr)
+      : c_(coordinator), auth_(auth) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext*, const v1::SubmitJobRequest* req,
                                       v1::Job* resp) override;
@@ -31,6 +34,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   Coordinator* c_;
+  RpcAuthorizer* auth_;
 };
 
 }  // namespace trainstep

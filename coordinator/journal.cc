@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -435,9 +436,10 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(Env* env, std::string dir
       RETURN_IF_ERROR(env->TruncateFile(log_path, scan.intact_bytes));
     }
     ASSIGN_OR_RETURN(log, env->NewAppendableFile(log_path));
-    // Make the truncation durable before appending, or a crash could revive the torn bytes
-    // in the middle of the log.
-    if (!scan.tail_problem.empty()) RETURN_IF_ERROR(log->Sync());
+    // Makes a truncation durable before appending (or a crash could revive the torn bytes in
+    // the middle of the log), and proves the device takes an fsync before the owner serves:
+    // a failing disk stops the process here, not at its first record after clients came.
+    RETURN_IF_ERROR(log->Sync());
     if (scan.format == 1 && scan.intact_bytes == 0) {
       // A format-1 log with no record left (its only record was torn): rewrite it as an empty
       // format-2 log. Left empty, it would be an old log with no file header, which the next
@@ -475,10 +477,12 @@ Journal::Journal(Env* env, std::string dir, JournalOptions options, uint64_t log
       dir_(std::move(dir)),
       options_(std::move(options)),
       records_since_snapshot_(records_in_log),
+      append_log_number_(log_number),
       log_number_(log_number),
       log_(std::move(log)) {}
 
 Journal::~Journal() {
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
   if (log_ != nullptr) log_->Close().IgnoreError();
 }
 
@@ -540,70 +544,92 @@ uint64_t Journal::records_since_snapshot() const {
   return records_since_snapshot_;
 }
 
-absl::Status Journal::WriteSnapshot(std::string_view snapshot) {
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(BecomeWriterLocked());
-  }
-  absl::Status s = SnapshotAsWriter(snapshot);
-  absl::MutexLock lock(&mu_);
-  ReleaseWriterLocked();
-  return s;
-}
-
-absl::Status Journal::BecomeWriterLocked() {
-  while (writing_) writer_done_.Wait(&mu_);
-  if (!broken_.ok()) return broken_;
-  writing_ = true;
-  return absl::OkStatus();
-}
-
-void Journal::ReleaseWriterLocked() {
-  writing_ = false;
-  writer_done_.SignalAll();
-}
-
-absl::Status Journal::WritePending() {
-  std::string batch;
-  uint64_t batch_last;
-  {
-    absl::MutexLock lock(&mu_);
-    batch.swap(pending_);
-    batch_last = last_appended_;
-  }
-  if (!batch.empty()) {
-    absl::Status s = log_->Append(batch);
-    if (s.ok()) s = log_->Sync();
-    if (!s.ok()) return Break(s);
-  }
-  absl::MutexLock lock(&mu_);
-  last_synced_ = batch_last;
-  return absl::OkStatus();
-}
-
-absl::Status Journal::Break(const absl::Status& cause) {
-  absl::MutexLock lock(&mu_);
-  if (broken_.ok()) {
-    broken_ = absl::Status(cause.code(),
-                           absl::StrCat("journal ", dir_,
-                                        " is broken after an I/O failure and accepts no more "
-                                        "writes; the coordinator must stop: ",
-                                        cause.message()));
-  }
-  return broken_;
-}
-
-absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
-  RETURN_IF_ERROR(WritePending());
+absl::Status Journal::StartSnapshot(std::string snapshot) {
   if (snapshot.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "journal %s: snapshot of %d bytes exceeds the 4 GiB frame limit", dir_, snapshot.size()));
   }
-  const uint64_t number = log_number_ + 1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    if (snapshot_running_) return absl::OkStatus();
+  }
+  // The previous snapshot's thread has done everything but return; only StartSnapshot sets
+  // snapshot_running_, so it stays false meanwhile.
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
+  const auto started = std::chrono::steady_clock::now();
+  uint64_t number;
+  uint64_t covers_records;
+  {
+    absl::MutexLock lock(&mu_);
+    // The caller appends nothing meanwhile, so `snapshot` is the state after exactly the
+    // records queued or written so far: those stay in the current log, later ones go to the
+    // next, and the snapshot takes the next log's number.
+    number = ++append_log_number_;
+    rotation_ = Rotation{pending_.size(), number};
+    covers_records = records_since_snapshot_;
+    snapshot_running_ = true;
+  }
+  snapshot_thread_ = std::thread(
+      [this, snapshot = std::move(snapshot), number, covers_records, started]() mutable {
+        RunSnapshot(std::move(snapshot), number, covers_records, started);
+      });
+  return absl::OkStatus();
+}
+
+bool Journal::snapshot_in_progress() const {
+  absl::MutexLock lock(&mu_);
+  return snapshot_running_;
+}
+
+absl::Status Journal::WaitForSnapshot() {
+  absl::MutexLock lock(&mu_);
+  while (snapshot_running_) snapshot_done_.Wait(&mu_);
+  return last_snapshot_;
+}
+
+absl::Status Journal::WriteSnapshot(std::string_view snapshot) {
+  WaitForSnapshot().IgnoreError();  // An earlier snapshot's outcome is not this one's.
+  RETURN_IF_ERROR(StartSnapshot(std::string(snapshot)));
+  return WaitForSnapshot();
+}
+
+void Journal::RunSnapshot(std::string snapshot, uint64_t number, uint64_t covers_records,
+                          std::chrono::steady_clock::time_point started) {
+  const absl::Status s = WriteSnapshotFile(snapshot, number);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - started;
+  bool broken;
+  {
+    absl::MutexLock lock(&mu_);
+    broken = !broken_.ok();
+  }
+  if (options_.on_snapshot) options_.on_snapshot(s, broken, elapsed.count());
+  absl::MutexLock lock(&mu_);
+  // What the snapshot covers is no longer in the live log; records appended since still are.
+  if (s.ok()) records_since_snapshot_ -= covers_records;
+  last_snapshot_ = s;
+  snapshot_running_ = false;
+  snapshot_done_.SignalAll();
+}
+
+absl::Status Journal::WriteSnapshotFile(std::string_view snapshot, uint64_t number) {
+  // The records the snapshot covers must be durable in their log, and the next log must exist,
+  // before the snapshot may hide them. A Sync may have rotated already; then this only flushes.
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(BecomeWriterLocked());
+  }
+  const absl::Status rotated = WritePending();
+  {
+    absl::MutexLock lock(&mu_);
+    ReleaseWriterLocked();
+  }
+  RETURN_IF_ERROR(rotated);
+
+  // From here on Append and Sync carry on in the new log: the snapshot is written beside it.
+  // Until the rename, the old snapshot and the logs stay authoritative: a failure costs nothing.
   const std::string final_path = absl::StrCat(dir_, "/", SnapshotName(number));
   const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
-
-  // Until the rename, the old snapshot and log stay authoritative: a failure costs nothing.
   std::string framed = FileHeader(FileKind::kSnapshot);
   framed.append(RecordHeader(snapshot));
   framed.append(snapshot);
@@ -622,27 +648,79 @@ absl::Status Journal::SnapshotAsWriter(std::string_view snapshot) {
     return s;
   }
 
-  // From the rename on, recovery may prefer the new snapshot and ignore the old log, so any
+  // From the rename on, recovery may prefer the new snapshot and ignore the old logs, so any
   // failure leaves the disk in a state this object no longer tracks.
   s = env_->RenameFile(temp_path, final_path);
   if (s.ok()) s = env_->SyncDir(dir_);
   if (!s.ok()) return Break(s);
-  absl::StatusOr<std::unique_ptr<WritableFile>> new_log =
-      CreateLog(env_, absl::StrCat(dir_, "/", LogName(number)));
-  if (!new_log.ok()) return Break(new_log.status());
-  // Records acknowledged in the new log must not vanish with its directory entry.
-  s = env_->SyncDir(dir_);
-  if (!s.ok()) return Break(s);
-
-  log_->Close().IgnoreError();  // Everything in it is already fsynced.
-  log_ = *std::move(new_log);
-  log_number_ = number;
-  {
-    absl::MutexLock lock(&mu_);
-    records_since_snapshot_ = 0;
-  }
   DeleteObsoleteFiles(env_, dir_, number, /*warnings=*/nullptr);
   return absl::OkStatus();
+}
+
+absl::Status Journal::BecomeWriterLocked() {
+  while (writing_) writer_done_.Wait(&mu_);
+  if (!broken_.ok()) return broken_;
+  writing_ = true;
+  return absl::OkStatus();
+}
+
+void Journal::ReleaseWriterLocked() {
+  writing_ = false;
+  writer_done_.SignalAll();
+}
+
+absl::Status Journal::WritePending() {
+  std::string batch;
+  uint64_t batch_last;
+  std::optional<Rotation> rotation;
+  {
+    absl::MutexLock lock(&mu_);
+    batch.swap(pending_);
+    batch_last = last_appended_;
+    rotation.swap(rotation_);
+  }
+  std::string_view rest = batch;
+  if (rotation.has_value()) {
+    absl::Status s = RotateLog(rest.substr(0, rotation->pending_bytes), rotation->number);
+    if (!s.ok()) return Break(s);
+    rest.remove_prefix(rotation->pending_bytes);
+  }
+  if (!rest.empty()) {
+    absl::Status s = log_->Append(rest);
+    if (s.ok()) s = log_->Sync();
+    if (!s.ok()) return Break(s);
+  }
+  absl::MutexLock lock(&mu_);
+  last_synced_ = batch_last;
+  return absl::OkStatus();
+}
+
+absl::Status Journal::RotateLog(std::string_view rest_of_old_log, uint64_t number) {
+  // Only the newest log may end torn, so the old one must be complete on disk first.
+  if (!rest_of_old_log.empty()) {
+    RETURN_IF_ERROR(log_->Append(rest_of_old_log));
+    RETURN_IF_ERROR(log_->Sync());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> new_log,
+                   CreateLog(env_, absl::StrCat(dir_, "/", LogName(number))));
+  // Records acknowledged in the new log must not vanish with its directory entry.
+  RETURN_IF_ERROR(env_->SyncDir(dir_));
+  log_->Close().IgnoreError();  // Everything in it is already fsynced.
+  log_ = std::move(new_log);
+  log_number_ = number;
+  return absl::OkStatus();
+}
+
+absl::Status Journal::Break(const absl::Status& cause) {
+  absl::MutexLock lock(&mu_);
+  if (broken_.ok()) {
+    broken_ = absl::Status(cause.code(),
+                           absl::StrCat("journal ", dir_,
+                                        " is broken after an I/O failure and accepts no more "
+                                        "writes; the coordinator must stop: ",
+                                        cause.message()));
+  }
+  return broken_;
 }
 
 }  // namespace trainstep

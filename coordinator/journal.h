@@ -2,7 +2,7 @@
 // snapshots, with group commit so that many concurrent writers share one fsync.
 //
 // On-disk layout in `dir`:
-//   log-NNNNNN       records appended after snapshot NNNNNN (or from the start, for log-000001)
+//   log-NNNNNN       records, continuing log-(NNNNNN-1); each snapshot starts a new log
 //   snapshot-NNNNNN  the caller's whole state before log-NNNNNN's first record
 //   snapshot-NNNNNN.tmp  a snapshot being written; ignored by recovery
 //   log-NNNNNN.torn-OFFSET  the bytes of a torn tail that recovery cut off, kept for inspection
@@ -18,12 +18,14 @@
 #ifndef TRAINSTEP_COORDINATOR_JOURNAL_H_
 #define TRAINSTEP_COORDINATOR_JOURNAL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,6 +40,13 @@ struct JournalOptions {
   // Metrics hook: the latency of each successful group-commit write+fsync done by Sync, called
   // from the syncing thread with no journal lock held. May be empty.
   std::function<void(double seconds)> on_fsync;
+  // The outcome of each snapshot once its I/O is over: OK once it is in place, else why not;
+  // `journal_broken` says the journal is now broken (the failure came after the rename, or
+  // something else broke it meanwhile) and the owner must stop. `seconds`: from StartSnapshot
+  // to the end. Called on the snapshot thread with no journal lock held, before
+  // snapshot_in_progress() turns false, so it must not wait for a lock under which the owner
+  // calls WaitForSnapshot or WriteSnapshot. May be empty.
+  std::function<void(const absl::Status& outcome, bool journal_broken, double seconds)> on_snapshot;
 };
 
 struct RecoveredJournal {
@@ -47,8 +56,10 @@ struct RecoveredJournal {
   std::vector<std::string> warnings;
 };
 
-// Owns the journal directory while open (one Journal per directory). Thread-safe, except that
-// WriteSnapshot must not race with Append (see there).
+// Owns the journal directory while open (one Journal per directory), and the thread that
+// writes a snapshot. Thread-safe, except that StartSnapshot and WriteSnapshot must not race
+// with Append or with each other: the caller serialises them under its own lock, so that the
+// snapshot it passes is its state after exactly the records appended so far.
 class Journal {
  public:
   // Creates `dir` if needed and recovers it into `*recovered` (may be null).
@@ -69,8 +80,8 @@ class Journal {
                                                        JournalOptions options,
                                                        RecoveredJournal* recovered);
 
-  // Unsynced records are not written: they were never acknowledged.
-  // No call may be in flight on another thread.
+  // Waits for a snapshot being written (on_snapshot is called). Unsynced records are not
+  // written: they were never acknowledged. No call may be in flight on another thread.
   ~Journal();
 
   Journal(const Journal&) = delete;
@@ -84,18 +95,34 @@ class Journal {
   // Blocks until every record with sequence <= seq is written and fsynced. Group commit: while
   // one caller writes+fsyncs, later records queue up, and the next caller to sync writes all of
   // them with one write and one fsync. After a failed write or fsync the journal is broken: this
-  // and every later Sync and WriteSnapshot return that error, and the owner must stop.
+  // and every later Sync and snapshot return that error, and the owner must stop. A snapshot's
+  // log rotation (see StartSnapshot) is done by whichever writer comes first, maybe this one.
   // seq > last_appended() is INVALID_ARGUMENT.
   absl::Status Sync(uint64_t seq);
 
   uint64_t last_appended() const;
-  // Records in the live log: recovered ones after the newest snapshot, plus those appended since.
+  // Records not covered by the newest snapshot in place: recovered ones after it, plus those
+  // appended since (a snapshot being written counts once it is in place).
   uint64_t records_since_snapshot() const;
 
-  // Persists `snapshot`, the caller's whole state after every record appended so far, then
-  // starts a new log and deletes the files it makes obsolete. The caller must not Append
-  // concurrently (it holds its own lock). A failure before the snapshot is in place leaves the
-  // journal usable; a failure after it breaks the journal, as an I/O error in Sync does.
+  // Starts persisting `snapshot`, the caller's whole state after every record appended so far,
+  // and returns at once: memory work only, so the caller may hold its own lock (it must, see
+  // the class comment). Records appended from now on go to a new log N+1 while those before
+  // stay in log N; a background thread makes log N durable, starts log N+1, writes
+  // snapshot-(N+1) beside it without blocking Append or Sync, then deletes the files it makes
+  // obsolete, and reports through on_snapshot. Until the snapshot is renamed into place the
+  // old snapshot and logs N and N+1 recover the same state, so a failure before then leaves the
+  // journal usable (logs N and N+1 stay, and the next snapshot supersedes both); a failure
+  // after it, or in starting log N+1, breaks the journal as an I/O error in Sync does.
+  // OK also when a snapshot is already in progress: then nothing is started (try again later).
+  // Not started: a broken journal (its error), a snapshot of 4 GiB or more (INVALID_ARGUMENT).
+  absl::Status StartSnapshot(std::string snapshot);
+  bool snapshot_in_progress() const;
+  // Blocks until no snapshot is in progress; returns the last finished one's outcome (OK when
+  // none ran).
+  absl::Status WaitForSnapshot();
+  // StartSnapshot, after waiting for one in progress, then WaitForSnapshot: the synchronous
+  // form, with the same contract.
   absl::Status WriteSnapshot(std::string_view snapshot);
 
  private:
@@ -106,11 +133,22 @@ class Journal {
   // journal is healthy (broken_ otherwise).
   absl::Status BecomeWriterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseWriterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes and fsyncs everything pending. Requires the writer role; takes mu_ briefly.
+  // Writes and fsyncs everything pending, rotating the log at rotation_ if one is due.
+  // Requires the writer role; takes mu_ briefly.
   absl::Status WritePending() ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes log_ durable up to here, then starts log `number` and switches to it. Requires the
+  // writer role.
+  absl::Status RotateLog(std::string_view rest_of_old_log, uint64_t number)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the journal broken with `cause` and returns the annotated error.
   absl::Status Break(const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status SnapshotAsWriter(std::string_view snapshot) ABSL_LOCKS_EXCLUDED(mu_);
+  // The snapshot thread's body: WriteSnapshotFile, then the bookkeeping and on_snapshot.
+  void RunSnapshot(std::string snapshot, uint64_t number, uint64_t covers_records,
+                   std::chrono::steady_clock::time_point started) ABSL_LOCKS_EXCLUDED(mu_);
+  // Rotates the log (unless a Sync did already), then writes snapshot-`number` and deletes
+  // what it makes obsolete.
+  absl::Status WriteSnapshotFile(std::string_view snapshot, uint64_t number)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   Env* const env_;
   const std::string dir_;
@@ -127,6 +165,21 @@ class Journal {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   // Non-OK iff an I/O failure left the disk state unknown; then nothing more is written.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+
+  // A log rotation that StartSnapshot asked for and no writer has done yet: the first
+  // `pending_bytes` of pending_ belong to log_, the rest to log `number` (log_number_ + 1).
+  struct Rotation {
+    size_t pending_bytes;
+    uint64_t number;
+  };
+  std::optional<Rotation> rotation_ ABSL_GUARDED_BY(mu_);
+  // The log that records appended now will land in: log_number_, or rotation_->number.
+  uint64_t append_log_number_ ABSL_GUARDED_BY(mu_);
+  bool snapshot_running_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar snapshot_done_;  // Signalled when snapshot_running_ turns false.
+  absl::Status last_snapshot_ ABSL_GUARDED_BY(mu_);  // The last finished snapshot's outcome.
+  // Runs RunSnapshot; touched only by StartSnapshot (serialised by its callers) and ~Journal.
+  std::thread snapshot_thread_;
 
   uint64_t log_number_;                // Guarded by the writer role.
   std::unique_ptr<WritableFile> log_;  // Guarded by the writer role.

@@ -6,19 +6,23 @@
 
 #include <cstdint>
 
+#include "common/spec.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/spec.pb.h"
 
 namespace trainstep {
 
+// Defaults to the spec's (common/spec.h DefaultLossScaler), disabled.
 struct LossScalerConfig {
   bool enabled = false;
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  int32_t hysteresis = 1;  // overflows tolerated before backing off (1 = back off at once)
-  double min_scale = 0.0;  // backoff never goes below this (0 = no floor, as PyTorch)
+  double init_scale = DefaultLossScaler().init_scale();
+  double growth_factor = DefaultLossScaler().growth_factor();
+  double backoff_factor = DefaultLossScaler().backoff_factor();
+  int64_t growth_interval = DefaultLossScaler().growth_interval();
+  // Overflows tolerated before backing off (1 = back off at once).
+  int32_t hysteresis = DefaultLossScaler().hysteresis();
+  // Backoff never goes below this (0 = no floor, as PyTorch).
+  double min_scale = DefaultLossScaler().min_scale();
 
   static LossScalerConfig FromSpec(const v1::LossScaler& spec);
 };

@@ -58,22 +58,51 @@ void Membership::FormGeneration(const v1::GenerationFormed& formed) {
   for (size_t rank = 0; rank < members_.size(); ++rank) {
     rank_of_[members_[rank]] = static_cast<int32_t>(rank);
     WorkerEntry* e = FindMutable(members_[rank]);
-    if (e == nullptr) continue;
+    if (e == nullptr) {
+      // Only a damaged journal names a worker the job does not know; such a generation can
+      // never run, and Restore reads it the same way (the journal_replay fuzzer's finding).
+      broken_ = true;
+      continue;
+    }
     e->info.set_state(v1::ACTIVE);
     e->info.set_rank(static_cast<int32_t>(rank));
     e->info.set_generation(generation_);
+    e->idle_after_generation = -1;  // a member syncs, then applies decisions
   }
 }
 
 bool Membership::Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
-                       int64_t applied_update_id) {
+                       int64_t applied_update_id, int64_t idle_after_generation) {
   WorkerEntry* e = FindMutable(worker_id);
   if (e == nullptr || e->info.state() == v1::LOST) return false;
-  e->lease_expiry = lease_expiry;
+  e->lease_expiry =
+      e->restored_unattached ? std::min(lease_expiry, now + reconnect_grace_) : lease_expiry;
   e->info.set_last_heartbeat_ms(absl::ToUnixMillis(now));
   // Reports can arrive out of order; a replica never goes back (a rollback takes new workers).
   e->applied_update_id = std::max(e->applied_update_id, applied_update_id);
+  e->detached = false;  // it speaks: alive, whatever happened to its stream
+  // A heartbeat sent before the worker joined the current generation says nothing of it.
+  if (idle_after_generation < 0 || idle_after_generation >= e->idle_after_generation) {
+    e->idle_after_generation = idle_after_generation;
+  }
   return true;
+}
+
+void Membership::Attach(const std::string& worker_id, uint64_t seq, absl::Time lease_expiry) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr || e->info.state() == v1::LOST) return;
+  e->attach_seq = seq;
+  e->detached = false;
+  e->restored_unattached = false;
+  e->lease_expiry = std::max(e->lease_expiry, lease_expiry);
+}
+
+void Membership::Detach(const std::string& worker_id, uint64_t seq, absl::Time lease_expiry) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr || e->info.state() == v1::LOST || e->attach_seq != seq) return;
+  e->attach_seq = 0;
+  e->detached = true;
+  e->lease_expiry = std::min(e->lease_expiry, lease_expiry);
 }
 
 void Membership::NoteApplied(const std::string& worker_id, int64_t update_id) {
@@ -83,6 +112,14 @@ void Membership::NoteApplied(const std::string& worker_id, int64_t update_id) {
 
 void Membership::RenewAll(absl::Time lease_expiry) {
   for (WorkerEntry& e : entries_) e.lease_expiry = lease_expiry;
+}
+
+void Membership::MarkAllDetached(absl::Duration reconnect_grace) {
+  reconnect_grace_ = reconnect_grace;
+  for (WorkerEntry& e : entries_) {
+    e.detached = true;
+    e.restored_unattached = true;
+  }
 }
 
 std::vector<std::string> Membership::Expired(absl::Time now) const {

@@ -25,6 +25,19 @@ struct WorkerEntry {
   // heartbeats and window reports); -1 until it says. Only holders of the job's current
   // update may seed a new generation.
   int64_t applied_update_id = -1;
+  // Ephemeral: set while the worker says it waits for a generation after this one (its
+  // applied_update_id is then final); -1 while it may still be applying a decision, and
+  // until it says (after a coordinator restart nobody has said yet).
+  int64_t idle_after_generation = -1;
+  // Ephemeral: the worker's open Attach stream (coordinator-assigned number), 0 = none.
+  uint64_t attach_seq = 0;
+  // Ephemeral: its stream dropped and it has not spoken since: probably dead (its lease ends
+  // after the detach grace). A new generation is not built on it meanwhile.
+  bool detached = false;
+  // Ephemeral: restored by a restarted coordinator and not attached to it since. Its
+  // heartbeats renew it for the reconnect grace only: a worker that heartbeated once and then
+  // died before its stream opened would otherwise hold its generation for a whole lease.
+  bool restored_unattached = false;
 };
 
 class Membership {
@@ -40,12 +53,22 @@ class Membership {
   void BreakGeneration() { broken_ = true; }
 
   // --- Leases (ephemeral) ---
+  // `idle_after_generation`: see WorkerEntry (-1: the worker is not idle).
   bool Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
-             int64_t applied_update_id);
+             int64_t applied_update_id, int64_t idle_after_generation = -1);
+  // The worker opened Attach stream `seq`: its lease is renewed like a heartbeat's.
+  void Attach(const std::string& worker_id, uint64_t seq, absl::Time lease_expiry);
+  // Stream `seq` dropped: if it is the worker's latest, its lease ends by `lease_expiry`
+  // (a live worker re-attaches or heartbeats before then, a dead one cannot).
+  void Detach(const std::string& worker_id, uint64_t seq, absl::Time lease_expiry);
   // The worker's replica holds optimizer update `update_id` (it reported a window at it).
   void NoteApplied(const std::string& worker_id, int64_t update_id);
-  // Every live worker's lease restarts at `lease_expiry` (after a coordinator restart).
+  // Every live worker's lease restarts at `lease_expiry` (a coordinator pause or restart).
   void RenewAll(absl::Time lease_expiry);
+  // After a restart: nobody has spoken to this coordinator yet, and a worker that died while it
+  // was down never will; each counts as detached until it heartbeats or attaches, and until it
+  // attaches each heartbeat renews it for `reconnect_grace` only.
+  void MarkAllDetached(absl::Duration reconnect_grace);
   std::vector<std::string> Expired(absl::Time now) const;
   std::optional<absl::Time> NextLeaseExpiry() const;
 
@@ -53,7 +76,6 @@ class Membership {
   const WorkerEntry* Find(const std::string& worker_id) const;
   int64_t generation() const { return generation_; }
   int32_t world_size() const { return static_cast<int32_t>(members_.size()); }
-  const std::vector<std::string>& members() const { return members_; }
   bool has_generation() const { return generation_ > 0; }
   // A formed generation whose members are all alive and which no desync broke.
   bool generation_live() const { return generation_ > 0 && !broken_; }
@@ -83,6 +105,7 @@ class Membership {
   bool broken_ = false;
   std::vector<std::string> members_;  // index = rank
   v1::GenerationFormed current_;
+  absl::Duration reconnect_grace_;  // of MarkAllDetached: renewals of restored_unattached
 };
 
 }  // namespace trainstep

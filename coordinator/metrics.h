@@ -27,6 +27,8 @@ class CoordinatorMetrics {
   virtual void OnRejected(absl::string_view rpc, absl::string_view reason) = 0;
   // How long a barrier call waited for the other ranks. phase: "begin" | "complete".
   virtual void OnBarrierWait(absl::string_view phase, double seconds) = 0;
+  // A call refused for its credentials: code "unauthenticated" | "permission_denied".
+  virtual void OnAuthFailure(absl::string_view method, absl::string_view code) = 0;
 };
 
 }  // namespace trainstep

@@ -6,10 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
-
-#ifndef TRAINSTEP_VERSION
-#define TRAINSTEP_VERSION "dev"
-#endif
+#include "common/version.h"
+#include "common/window_outcome.h"
 
 namespace trainstep {
 namespace {
@@ -34,9 +32,19 @@ const Histogram::BucketBoundaries& IntervalBuckets() {
 
 std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(std::string(s)); }
 
-// The reasons step_machine.cc gives, lower-cased as the `reason` label.
-constexpr const char* kSkipReasons[] = {"overflow", "empty_window", "nonfinite_loss"};
-constexpr const char* kAbortReasons[] = {"desync", "worker_lost"};
+// The reasons step_machine.cc gives a skip or an abort: each job's series start at 0 for them.
+struct ReasonSeries {
+  v1::WindowOutcome outcome;
+  v1::WindowReason reason;
+};
+constexpr ReasonSeries kReasonSeries[] = {
+    {v1::SKIP, v1::WINDOW_REASON_OVERFLOW},       {v1::SKIP, v1::WINDOW_REASON_EMPTY_WINDOW},
+    {v1::SKIP, v1::WINDOW_REASON_NONFINITE_LOSS}, {v1::ABORT, v1::WINDOW_REASON_DESYNC},
+    {v1::ABORT, v1::WINDOW_REASON_WORKER_LOST},
+};
+
+// The `reason` label: the log's reason, lower-cased.
+std::string ReasonLabel(absl::string_view reason) { return Lower(reason); }
 
 // Gauges get NaN for a skipped window's norm; Prometheus accepts it, but keep the last real one.
 void SetFinite(prometheus::Gauge& g, double v) {
@@ -67,6 +75,12 @@ PrometheusMetrics::PrometheusMetrics()
                     .Name("trainstep_stale_requests_rejected_total")
                     .Help("Worker calls refused as stale or out of protocol, by rpc and code")
                     .Register(*registry_)),
+      auth_failures_(BuildCounter()
+                         .Name("trainstep_rpc_auth_failures_total")
+                         .Help("Calls refused for their credentials, by method and code "
+                               "(unauthenticated: none or a bad one; permission_denied: a role "
+                               "that does not allow it)")
+                         .Register(*registry_)),
       dropped_samples_(BuildCounter()
                            .Name("trainstep_dropped_samples_total")
                            .Help("Samples left out by the epochs ended so far (batch.tail drop)")
@@ -106,6 +120,11 @@ PrometheusMetrics::PrometheusMetrics()
                       .Name("trainstep_world_size")
                       .Help("Ranks of the current generation")
                       .Register(*registry_)),
+      waiting_for_workers_(BuildGauge()
+                               .Name("trainstep_job_waiting_for_workers")
+                               .Help("1 while no generation trains because workers are missing "
+                                     "(below workers.min, or within workers.join_grace)")
+                               .Register(*registry_)),
       generation_(BuildGauge()
                       .Name("trainstep_generation")
                       .Help("Current membership generation")
@@ -147,7 +166,7 @@ PrometheusMetrics::PrometheusMetrics()
                            .Name("trainstep_update_interval_seconds")
                            .Help("Wall-clock time from one committed update to the next")
                            .Register(*registry_)) {
-  build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "coordinator"}}).Set(1);
+  build_info_.Add({{"version", TrainstepVersion()}, {"component", "coordinator"}}).Set(1);
 }
 
 absl::StatusOr<std::unique_ptr<PrometheusMetrics>> PrometheusMetrics::Start(
@@ -165,6 +184,7 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   const v1::JobProgress& p = job.progress();
   loss_scale_.Add(l).Set(p.loss_scale());
   world_size_.Add(l).Set(p.world_size());
+  waiting_for_workers_.Add(l).Set(p.waiting().empty() ? 0 : 1);
   generation_.Add(l).Set(static_cast<double>(p.generation()));
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
   micro_step_id_.Add(l).Set(static_cast<double>(p.micro_step_id()));
@@ -176,10 +196,10 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
   updates_.Add(l);
   tokens_.Add(l);
   dropped_samples_.Add(l);
-  for (const char* reason : kSkipReasons)
-    skipped_.Add({{"training_job", job_id}, {"reason", reason}});
-  for (const char* reason : kAbortReasons)
-    aborted_.Add({{"training_job", job_id}, {"reason", reason}});
+  for (const ReasonSeries& s : kReasonSeries) {
+    (s.outcome == v1::SKIP ? skipped_ : aborted_)
+        .Add({{"training_job", job_id}, {"reason", ReasonLabel(ReasonName(s.reason))}});
+  }
 }
 
 void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
@@ -194,7 +214,8 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
   if (r.has_dropped_tail()) {
     dropped_samples_.Add(l).Increment(static_cast<double>(r.dropped_tail().samples()));
   }
-  if (r.outcome() == "commit") {
+  const v1::WindowOutcome outcome = OutcomeOf(r);
+  if (outcome == v1::COMMIT) {
     updates_.Add(l).Increment();
     tokens_.Add(l).Increment(static_cast<double>(r.global_valid_tokens()));
     SetFinite(loss_.Add(l), r.loss());
@@ -209,10 +230,10 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
       update_interval_.Add(l, IntervalBuckets()).Observe(r.update_interval_seconds());
     }
     last_commit_.Add(l).Set(static_cast<double>(r.end_time_ms()) / 1000.0);
-  } else if (r.outcome() == "skip") {
-    skipped_.Add({{"training_job", id}, {"reason", Lower(r.reason())}}).Increment();
+  } else if (outcome == v1::SKIP) {
+    skipped_.Add({{"training_job", id}, {"reason", ReasonLabel(r.reason())}}).Increment();
   } else {
-    aborted_.Add({{"training_job", id}, {"reason", Lower(r.reason())}}).Increment();
+    aborted_.Add({{"training_job", id}, {"reason", ReasonLabel(r.reason())}}).Increment();
   }
 }
 
@@ -264,6 +285,10 @@ void PrometheusMetrics::OnJournalFsync(double seconds) {
 
 void PrometheusMetrics::OnRejected(absl::string_view rpc, absl::string_view reason) {
   rejected_.Add({{"rpc", std::string(rpc)}, {"reason", Lower(reason)}}).Increment();
+}
+
+void PrometheusMetrics::OnAuthFailure(absl::string_view method, absl::string_view code) {
+  auth_failures_.Add({{"method", std::string(method)}, {"code", std::string(code)}}).Increment();
 }
 
 void PrometheusMetrics::OnBarrierWait(absl::string_view phase, double seconds) {

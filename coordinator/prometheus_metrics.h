@@ -37,6 +37,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   void OnJournalFsync(double seconds) override;
   void OnRejected(absl::string_view rpc, absl::string_view reason) override;
   void OnBarrierWait(absl::string_view phase, double seconds) override;
+  void OnAuthFailure(absl::string_view method, absl::string_view code) override;
 
  private:
   using Labels = std::map<std::string, std::string>;
@@ -55,6 +56,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& aborted_;
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& auth_failures_;
   prometheus::Family<prometheus::Counter>& dropped_samples_;
   prometheus::Family<prometheus::Gauge>& micro_step_id_;
   prometheus::Family<prometheus::Gauge>& loss_scale_;
@@ -65,6 +67,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& grad_norm_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& world_size_;
+  prometheus::Family<prometheus::Gauge>& waiting_for_workers_;
   prometheus::Family<prometheus::Gauge>& generation_;
   prometheus::Family<prometheus::Gauge>& checkpoint_id_;
   prometheus::Family<prometheus::Gauge>& last_commit_;

@@ -49,6 +49,12 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req) {
       !s.ok()) {
     return s;
   }
+  if (req.has_idle_after_generation()) {
+    if (absl::Status s = AtLeast(kRequest, "idle_after_generation", req.idle_after_generation(), 0);
+        !s.ok()) {
+      return s;
+    }
+  }
   if (req.has_dataset())
     return InRange(kRequest, "dataset.samples", req.dataset().samples(), 1, kMaxUnits);
   return absl::OkStatus();

@@ -4,11 +4,16 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_state.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/throughput.h"
+#include "common/window_outcome.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/report_validation.h"
 
@@ -17,19 +22,6 @@ namespace {
 
 constexpr double kClipEpsilon = 1e-6;
 constexpr double kNormRelativeTolerance = 1e-6;
-
-const char* OutcomeName(v1::WindowOutcome outcome) {
-  switch (outcome) {
-    case v1::COMMIT:
-      return "commit";
-    case v1::SKIP:
-      return "skip";
-    case v1::ABORT:
-      return "abort";
-    default:
-      return "unknown";
-  }
-}
 
 }  // namespace
 
@@ -45,13 +37,17 @@ bool GradNormsAgree(double a, double b) {
 }
 
 void StepMachine::OutcomeCounts::Add(const v1::UpdateRecord& r) {
-  if (r.outcome() == "commit") {
-    ++committed;
-    last_loss = r.loss();
-  } else if (r.outcome() == "skip") {
-    ++skipped;
-  } else {
-    ++aborted;
+  switch (OutcomeOf(r)) {
+    case v1::COMMIT:
+      ++committed;
+      last_loss = r.loss();
+      break;
+    case v1::SKIP:
+      ++skipped;
+      break;
+    default:
+      ++aborted;
+      break;
   }
 }
 
@@ -119,17 +115,18 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   m->checkpoint_id_ = p.checkpoint_id();
   m->cumulative_tokens_ = p.cumulative_tokens();
   m->micro_step_id_ = p.micro_step_id();
+  m->rollbacks_ = p.rollbacks();
   m->RefreshDroppedTail();
   for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
-    if (it->outcome() == "commit") {
+    if (OutcomeOf(*it) == v1::COMMIT) {
       m->last_commit_ms_ = it->end_time_ms();
       break;
     }
   }
   // Derivable state: consecutive desync aborts at the end of the log.
   for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
-    if (it->outcome() != "abort") break;
-    if (it->reason() == "DESYNC") ++m->consecutive_desyncs_;
+    if (OutcomeOf(*it) != v1::ABORT) break;
+    if (ReasonCodeOf(*it) == v1::WINDOW_REASON_DESYNC) ++m->consecutive_desyncs_;
   }
   return m;
 }
@@ -181,6 +178,12 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
     case v1::JournalRecord::kGenerationFormed:
       ApplyGenerationFormed(record.generation_formed(), record.time_ms());
       break;
+    case v1::JournalRecord::kGenerationEnded:
+      if (record.generation_ended().generation() == membership_.generation()) {
+        membership_.BreakGeneration();
+        attempts_.clear();
+      }
+      break;
     case v1::JournalRecord::kWindowEnded:
       ApplyWindowEnded(record.window_ended());
       break;
@@ -201,8 +204,99 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
   }
 }
 
+absl::Status StepMachine::CheckFollows(const v1::JournalRecord& record) const {
+  const auto known_worker = [this](const std::string& id) -> absl::Status {
+    if (membership_.Find(id) == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it names worker '", id, "', which job ", job_id(), " does not have"));
+    }
+    return absl::OkStatus();
+  };
+  switch (record.kind_case()) {
+    case v1::JournalRecord::kJobSubmitted:
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id(), " is already submitted"));
+    case v1::JournalRecord::kJobEnded:
+      if (terminal()) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", job_id(), " already ended (",
+                                                          v1::JobState_Name(job_.state()), ")"));
+      }
+      if (!IsTerminal(record.job_ended().state())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "it ends the job in state ", v1::JobState_Name(record.job_ended().state())));
+      }
+      return absl::OkStatus();
+    case v1::JournalRecord::kWorkerRegistered:
+      if (membership_.Find(record.worker_registered().worker().worker_id()) != nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker '", record.worker_registered().worker().worker_id(),
+                         "' is already registered with job ", job_id()));
+      }
+      return absl::OkStatus();
+    case v1::JournalRecord::kDatasetAccepted:
+      return known_worker(record.dataset_accepted().worker_id());
+    case v1::JournalRecord::kWorkerLost:
+      return known_worker(record.worker_lost().worker_id());
+    case v1::JournalRecord::kGenerationFormed: {
+      const v1::GenerationFormed& f = record.generation_formed();
+      if (terminal()) return absl::FailedPreconditionError("the job already ended");
+      if (f.generation() != membership_.generation() + 1) {
+        return absl::FailedPreconditionError(absl::StrCat("it forms generation ", f.generation(),
+                                                          " after generation ",
+                                                          membership_.generation()));
+      }
+      if (f.worker_ids().empty()) return absl::FailedPreconditionError("it names no worker");
+      absl::flat_hash_set<std::string> seen;
+      for (const std::string& id : f.worker_ids()) {
+        RETURN_IF_ERROR(known_worker(id));
+        if (membership_.Find(id)->info.state() == v1::LOST) {
+          return absl::FailedPreconditionError(absl::StrCat("worker '", id, "' is lost"));
+        }
+        if (!seen.insert(id).second) {
+          return absl::FailedPreconditionError(absl::StrCat("it names worker '", id, "' twice"));
+        }
+      }
+      if (f.rolled_back() && checkpoints_.count(f.rollback_to().checkpoint_id()) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "it rolls back to checkpoint ", f.rollback_to().checkpoint_id(), ", which is unknown"));
+      }
+      return absl::OkStatus();
+    }
+    case v1::JournalRecord::kWindowEnded: {
+      const v1::WindowDecision& d = record.window_ended().decision();
+      const v1::UpdateRecord& r = d.record();
+      if (terminal()) return absl::FailedPreconditionError("the job already ended");
+      if (!membership_.has_generation() || r.generation() != membership_.generation()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("it ends a window of generation ", r.generation(),
+                         " while the job is in generation ", membership_.generation()));
+      }
+      if (r.window_id() != last_window_ + 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("it ends window ", r.window_id(), " after window ", last_window_));
+      }
+      const int64_t advance = d.outcome() == v1::COMMIT ? 1 : 0;
+      if (d.outcome() != v1::ABORT && (d.optimizer_update_id() != update_id_ + advance ||
+                                       d.scheduler_step() != scheduler_step_ + advance)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("its ", OutcomeName(d.outcome()), " leaves optimizer update ",
+                         d.optimizer_update_id(), " and scheduler step ", d.scheduler_step(),
+                         " after ", update_id_, " and ", scheduler_step_));
+      }
+      return absl::OkStatus();
+    }
+    case v1::JournalRecord::kEvalEnded:
+    case v1::JournalRecord::kGenerationEnded:
+    case v1::JournalRecord::kCheckpointDurable:
+    case v1::JournalRecord::kJobForgotten:
+    case v1::JournalRecord::KIND_NOT_SET:
+      return absl::OkStatus();  // Apply makes nothing of one that does not fit
+  }
+  return absl::OkStatus();
+}
+
 void StepMachine::ApplyGenerationFormed(const v1::GenerationFormed& formed, int64_t time_ms) {
   if (formed.rolled_back()) {
+    ++rollbacks_;
     const v1::CheckpointRecord& to = formed.rollback_to();
     last_window_ = to.window_id();
     update_id_ = to.optimizer_update_id();
@@ -250,7 +344,7 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
       RefreshDroppedTail();
       break;
     case v1::ABORT:
-      if (r.reason() == "DESYNC") ++consecutive_desyncs_;
+      if (ReasonCodeOf(r) == v1::WINDOW_REASON_DESYNC) ++consecutive_desyncs_;
       // Nothing of this generation's windows in flight can end any more.
       membership_.BreakGeneration();
       attempts_.clear();
@@ -275,7 +369,7 @@ void StepMachine::ApplyEvalEnded(const v1::EvalEnded& ended) {
   // The evaluation belongs to the newest commit of that update (an earlier one may have been
   // rolled back and committed again).
   for (auto it = updates_.rbegin(); it != updates_.rend(); ++it) {
-    if (it->outcome() == "commit" && it->optimizer_update_id() == ended.optimizer_update_id()) {
+    if (OutcomeOf(*it) == v1::COMMIT && it->optimizer_update_id() == ended.optimizer_update_id()) {
       it->set_eval_loss(ended.eval_loss());
       it->set_eval_valid_tokens(ended.valid_units());
       break;
@@ -303,18 +397,10 @@ v1::JobSnapshot StepMachine::Snapshot() const {
 
 // --- Queries ---
 
-bool StepMachine::terminal() const {
-  return job_.state() == v1::SUCCEEDED || job_.state() == v1::FAILED ||
-         job_.state() == v1::CANCELLED;
-}
+bool StepMachine::terminal() const { return IsTerminal(job_.state()); }
 
 int64_t StepMachine::TotalWindows() const {
-  int64_t total;
-  // A huge stop.epochs saturates instead of wrapping to a negative window count.
-  if (__builtin_mul_overflow(windows_per_epoch_, job_.spec().stop().epochs(), &total)) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return total;
+  return JobTotalWindows(job_.spec(), windows_per_epoch_);
 }
 
 int64_t StepMachine::EpochOf(int64_t window_id) const {
@@ -357,6 +443,25 @@ v1::Job StepMachine::Job() const {
   p->set_last_loss(counts_.last_loss);
   p->set_epoch(EpochOf(last_window_ + 1));
   p->set_micro_step_id(micro_step_id_);
+  p->set_rollbacks(rollbacks_);
+  if (!terminal() && dataset_.has_value() && !membership_.generation_live()) {
+    // Visible, not silent: a job short of workers says what it waits for.
+    const v1::Workers& w = job_.spec().workers();
+    const int64_t available =
+        static_cast<int64_t>(membership_.Survivors().size() + membership_.Standbys().size());
+    p->set_workers_available(static_cast<int32_t>(available));
+    if (available < w.min()) {
+      p->set_waiting(
+          absl::StrFormat("waiting for workers: %d available, workers.min is %d (workers.count %d)",
+                          available, w.min(), w.count()));
+    } else if (available < w.count() && short_since_.has_value()) {
+      p->set_waiting(absl::StrFormat(
+          "waiting for %d more worker(s) until %s (workers.join_grace %s), then going on with %d",
+          w.count() - available,
+          absl::FormatTime(absl::RFC3339_sec, *short_since_ + JoinGrace(), absl::UTCTimeZone()),
+          absl::FormatDuration(JoinGrace()), available));
+    }
+  }
   if (planner_ != nullptr) p->set_dropped_samples(p->epoch() * planner_->dropped_per_epoch());
   if (last_dropped_tail_.has_value()) *p->mutable_last_dropped_tail() = *last_dropped_tail_;
   if (job_.spec().stop().has_max_updates()) p->set_max_updates(job_.spec().stop().max_updates());
@@ -372,7 +477,7 @@ v1::Job StepMachine::Job() const {
 size_t StepMachine::WatchableUpdates() const {
   if (!eval_due_.has_value() || terminal() || updates_.empty()) return updates_.size();
   const v1::UpdateRecord& last = updates_.back();
-  const bool waiting = last.outcome() == "commit" && last.optimizer_update_id() == *eval_due_;
+  const bool waiting = OutcomeOf(last) == v1::COMMIT && last.optimizer_update_id() == *eval_due_;
   return updates_.size() - (waiting ? 1 : 0);
 }
 
@@ -415,7 +520,22 @@ const v1::WindowDecision* StepMachine::FindDecision(int64_t generation, int64_t 
 
 std::optional<absl::Time> StepMachine::NextDeadline() const {
   if (terminal()) return std::nullopt;
-  return membership_.NextLeaseExpiry();
+  std::optional<absl::Time> next = membership_.NextLeaseExpiry();
+  // The end of the join grace, until a tick at or after it has looked (not a past time the
+  // driver would spin on while the job waits below workers.min).
+  if (short_since_.has_value() && !membership_.generation_live()) {
+    const absl::Time grace_end = *short_since_ + JoinGrace();
+    if (!ticked_at_.has_value() || *ticked_at_ < grace_end) {
+      next = next.has_value() ? std::min(*next, grace_end) : grace_end;
+    }
+  }
+  return next;
+}
+
+absl::Duration StepMachine::JoinGrace() const {
+  const v1::Workers& w = job_.spec().workers();
+  if (!w.has_join_grace()) return 3 * options_.worker_lease;  // a spec resolved before elasticity
+  return absl::Seconds(w.join_grace().seconds()) + absl::Nanoseconds(w.join_grace().nanos());
 }
 
 // --- Checks ---
@@ -437,14 +557,24 @@ absl::Status StepMachine::LostError(const std::string& worker_id) const {
       absl::FormatDuration(options_.worker_lease), " lease): register again"));
 }
 
-absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t generation,
-                                      int32_t rank) const {
+absl::StatusOr<const WorkerEntry*> StepMachine::FindRegistered(const std::string& worker_id) const {
   const WorkerEntry* w = membership_.Find(worker_id);
   if (w == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker ", worker_id, " is not registered with job ", job_id()));
   }
+  return w;
+}
+
+absl::StatusOr<const WorkerEntry*> StepMachine::FindLive(const std::string& worker_id) const {
+  ASSIGN_OR_RETURN(const WorkerEntry* w, FindRegistered(worker_id));
   if (w->info.state() == v1::LOST) return LostError(worker_id);
+  return w;
+}
+
+absl::Status StepMachine::CheckMember(const std::string& worker_id, int64_t generation,
+                                      int32_t rank) const {
+  RETURN_IF_ERROR(FindLive(worker_id).status());
   const int64_t current = membership_.generation();
   if (generation > current) {
     return absl::FailedPreconditionError(
@@ -540,7 +670,11 @@ absl::Status StepMachine::CheckBeginBarrierPassed(const Attempt& attempt,
 }
 
 void StepMachine::Recovered(absl::Time now) {
-  membership_.RenewAll(now + options_.worker_lease);
+  // Never shorter than a worker that only heartbeats (no Attach stream) needs to be heard.
+  const absl::Duration grace = std::min(
+      options_.worker_lease, std::max(options_.reconnect_grace, HeartbeatInterval() * 3 / 2));
+  membership_.RenewAll(now + grace);
+  membership_.MarkAllDetached(grace);
   recovered_window_ = last_window_ + 1;
   recovered_generation_ = membership_.generation();
 }
@@ -581,62 +715,135 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
   resp.set_job_id(job_id());
   *resp.mutable_spec() = job_.spec();
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
-  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.worker_lease / 5));
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(HeartbeatInterval()));
   return resp;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::HeartbeatRequest& req,
                                                              absl::Time now) {
   RETURN_IF_ERROR(ValidateHeartbeat(req));
-  const WorkerEntry* w = membership_.Find(req.worker_id());
-  if (w == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
-  }
-  if (w->info.state() == v1::LOST) return LostError(req.worker_id());
-  membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id());
-
+  ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
+  membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id(),
+                    req.has_idle_after_generation() ? req.idle_after_generation() : -1);
   if (!terminal() && req.has_dataset() && !w->dataset_accepted) {
-    const v1::DatasetInfo& d = req.dataset();
-    if (dataset_.has_value() &&
-        (dataset_->samples() != d.samples() || dataset_->fingerprint() != d.fingerprint())) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "worker %s read a different dataset (%d samples, fingerprint %s) than the job's "
-          "(%d samples, fingerprint %s): every worker must read the same files",
-          req.worker_id(), d.samples(), d.fingerprint(), dataset_->samples(),
-          dataset_->fingerprint()));
-    }
-    int64_t per_epoch = windows_per_epoch_;
-    if (!dataset_.has_value()) {
-      const int64_t batch = GlobalBatchSamples(job_.spec());
-      per_epoch = data::WindowPlanner(job_.spec(), d.samples()).windows_per_epoch();
-      if (per_epoch == 0) {
-        FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
-                                "(micro_batch_size × accumulation_steps × workers.count) with "
-                                "batch.tail drop: no window would train",
-                                d.samples(), batch),
-                now);
-      }
-    }
-    if (!terminal()) {
-      v1::JournalRecord record;
-      v1::DatasetAccepted* acc = record.mutable_dataset_accepted();
-      acc->set_job_id(job_id());
-      acc->set_worker_id(req.worker_id());
-      *acc->mutable_dataset() = d;
-      acc->set_windows_per_epoch(per_epoch);
-      Emit(std::move(record), now);
-      MaybeFormGeneration(now);
+    RETURN_IF_ERROR(AcceptDataset(req.worker_id(), req.dataset(), now));
+  }
+  if (req.has_idle_after_generation()) MaybeLeaveGeneration(req.worker_id(), now);
+  // What a survivor holds may have been the one thing a new generation waited for.
+  if (!membership_.generation_live()) MaybeFormGeneration(now);
+  return HeartbeatAnswer(req.worker_id());
+}
+
+void StepMachine::MaybeLeaveGeneration(const std::string& worker_id, absl::Time now) {
+  const WorkerEntry* w = membership_.Find(worker_id);
+  if (terminal() || !membership_.generation_live() || membership_.RankOf(worker_id) < 0 ||
+      w->idle_after_generation < membership_.generation()) {
+    return;
+  }
+  // A rank waiting for a later generation takes no further part in this one: end it now
+  // rather than wait for the others' barriers (they would wait for this rank for ever).
+  AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
+  if (!membership_.generation_live()) return;  // the abort ended it
+  v1::JournalRecord record;
+  v1::GenerationEnded* left = record.mutable_generation_ended();
+  left->set_job_id(job_id());
+  left->set_generation(membership_.generation());
+  left->set_reason("worker left");
+  left->set_worker_id(worker_id);
+  Emit(std::move(record), now);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> StepMachine::Attach(const v1::AttachRequest& req,
+                                                          uint64_t seq, absl::Time now) {
+  ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
+  if (w->attach_seq != seq) membership_.Attach(req.worker_id(), seq, now + options_.worker_lease);
+  return HeartbeatAnswer(req.worker_id());
+}
+
+absl::Status StepMachine::CheckRendezvousKey(const std::string& key) const {
+  // Keys are "<job>/g<generation>/..." (the assignment's store prefix).
+  const std::string prefix = absl::StrCat(job_id(), "/g");
+  if (!absl::StartsWith(key, prefix)) return absl::OkStatus();
+  const absl::string_view rest = absl::string_view(key).substr(prefix.size());
+  int64_t generation = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &generation)) return absl::OkStatus();
+  const int64_t current = membership_.generation();
+  if (generation > current || (generation == current && membership_.generation_live())) {
+    return absl::OkStatus();
+  }
+  return absl::AbortedError(absl::StrCat("rendezvous key ", key, " belongs to generation ",
+                                         generation, ", which is over; the current one is ",
+                                         current, membership_.generation_live() ? "" : " (ended)"));
+}
+
+absl::Status StepMachine::RendezvousKeyMissing(const std::string& key, absl::Time now) {
+  if (recovered_generation_ == 0 || recovered_generation_ != membership_.generation() ||
+      !membership_.generation_live() ||
+      !absl::StartsWith(key, absl::StrCat(job_id(), "/g", recovered_generation_, "/"))) {
+    return absl::OkStatus();
+  }
+  AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
+  if (membership_.generation_live()) {
+    v1::JournalRecord record;
+    v1::GenerationEnded* ended = record.mutable_generation_ended();
+    ended->set_job_id(job_id());
+    ended->set_generation(membership_.generation());
+    ended->set_reason("its rendezvous straddled a coordinator restart");
+    Emit(std::move(record), now);
+  }
+  MaybeFormGeneration(now);
+  return absl::AbortedError(
+      absl::StrCat("rendezvous key ", key,
+                   " may have been set before the coordinator restarted (the store "
+                   "is not journaled): generation ",
+                   recovered_generation_, " ends; rejoin"));
+}
+
+void StepMachine::Detached(const std::string& worker_id, uint64_t seq, absl::Time now) {
+  if (terminal()) return;
+  membership_.Detach(worker_id, seq, now + std::min(options_.detach_grace, options_.worker_lease));
+}
+
+absl::Status StepMachine::AcceptDataset(const std::string& worker_id, const v1::DatasetInfo& d,
+                                        absl::Time now) {
+  if (dataset_.has_value() &&
+      (dataset_->samples() != d.samples() || dataset_->fingerprint() != d.fingerprint())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %s read a different dataset (%d samples, fingerprint %s) than the job's "
+        "(%d samples, fingerprint %s): every worker must read the same files",
+        worker_id, d.samples(), d.fingerprint(), dataset_->samples(), dataset_->fingerprint()));
+  }
+  int64_t per_epoch = windows_per_epoch_;
+  if (!dataset_.has_value()) {
+    const int64_t batch = GlobalBatchSamples(job_.spec());
+    per_epoch = data::WindowPlanner(job_.spec(), d.samples()).windows_per_epoch();
+    if (per_epoch == 0) {
+      FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
+                              "(micro_batch_size × accumulation_steps × workers.count) with "
+                              "batch.tail drop: no window would train",
+                              d.samples(), batch),
+              now);
+      return absl::OkStatus();  // the answer tells the worker the job failed
     }
   }
+  v1::JournalRecord record;
+  v1::DatasetAccepted* acc = record.mutable_dataset_accepted();
+  acc->set_job_id(job_id());
+  acc->set_worker_id(worker_id);
+  *acc->mutable_dataset() = d;
+  acc->set_windows_per_epoch(per_epoch);
+  Emit(std::move(record), now);
+  MaybeFormGeneration(now);
+  return absl::OkStatus();
+}
 
+v1::HeartbeatResponse StepMachine::HeartbeatAnswer(const std::string& worker_id) const {
   v1::HeartbeatResponse resp;
   resp.set_job_state(job_.state());
   resp.set_job_message(job_.message());
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
-  w = membership_.Find(req.worker_id());
-  resp.set_dataset_accepted(w->dataset_accepted);
-  const int32_t rank = membership_.RankOf(req.worker_id());
+  resp.set_dataset_accepted(membership_.Find(worker_id)->dataset_accepted);
+  const int32_t rank = membership_.RankOf(worker_id);
   if (!terminal() && rank >= 0 && membership_.generation_live()) {
     resp.set_assigned(true);
     v1::Assignment* a = resp.mutable_assignment();
@@ -654,29 +861,36 @@ absl::StatusOr<Answer<v1::BeginWindowResponse>> StepMachine::BeginWindow(
   RETURN_IF_ERROR(ValidateBeginWindow(req));
   Answer<v1::BeginWindowResponse> answer;
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
-    answer.ready = true;
-    answer.response.set_global_valid_units(d->record().global_valid_tokens());
-    answer.response.set_learning_rate(d->learning_rate());
-    *answer.response.mutable_decision() = *d;
-    return answer;
+    return DecidedAtBegin(*d);
   }
   RETURN_IF_ERROR(CheckRunnable());
   RETURN_IF_ERROR(CheckMember(req.worker_id(), req.generation(), req.rank()));
   ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
   if (!attempt->has_any_report()) attempt->first_report = now;
+  const bool first_of_rank = !attempt->units[req.rank()].has_value();
   RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
-  // A rank starts window w only after applying every decision before it.
-  if (req.window_id() == last_window_ + 1) membership_.NoteApplied(req.worker_id(), update_id_);
+  // A rank starts window w only after applying every decision before it. Not a report sent
+  // ahead while w-1 was open (pipelined), polled again once w-1 is decided: that rank may not
+  // have the decision yet.
+  if (first_of_rank && req.window_id() == last_window_ + 1) {
+    membership_.NoteApplied(req.worker_id(), update_id_);
+  }
   if (!BarrierReady(*attempt)) return answer;
   MaybeEndEmptyWindow(now);
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
-    answer.ready = true;
-    answer.response.set_learning_rate(d->learning_rate());  // as a repeated call gets it
-    *answer.response.mutable_decision() = *d;
-    return answer;
+    return DecidedAtBegin(*d);  // ended at its barrier (empty): as a repeated call gets it
   }
   answer.ready = true;
   answer.response = BarrierResponse(*attempt);
+  return answer;
+}
+
+Answer<v1::BeginWindowResponse> StepMachine::DecidedAtBegin(const v1::WindowDecision& d) {
+  Answer<v1::BeginWindowResponse> answer;
+  answer.ready = true;
+  answer.response.set_global_valid_units(d.record().global_valid_tokens());
+  answer.response.set_learning_rate(d.learning_rate());
+  *answer.response.mutable_decision() = d;
   return answer;
 }
 
@@ -724,10 +938,7 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
 
 absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now) {
   RETURN_IF_ERROR(ValidateAckCheckpoint(req));
-  if (membership_.Find(req.worker_id()) == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
-  }
+  RETURN_IF_ERROR(FindRegistered(req.worker_id()).status());
   if (!CheckpointingEnabled()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job_id(), " has no checkpoint.dir: checkpoints are off"));
@@ -773,9 +984,12 @@ absl::StatusOr<Answer<v1::ReportEvalResponse>> StepMachine::ReportEval(
         ": a rank evaluates only when a decision (run_eval) or its assignment asks"));
   }
   if (!eval_attempt_.has_value() || eval_attempt_->generation != req.generation()) {
-    eval_attempt_.emplace();
-    eval_attempt_->generation = req.generation();
-    eval_attempt_->reports.resize(membership_.world_size());
+    // Built, then moved in: clang 14 rejects emplace() of a nested struct with default member
+    // initializers (is_constructible is evaluated as if the enclosing class were incomplete).
+    EvalAttempt attempt;
+    attempt.generation = req.generation();
+    attempt.reports.resize(membership_.world_size());
+    eval_attempt_ = std::move(attempt);
   }
   std::optional<v1::ReportEvalRequest>& slot = eval_attempt_->reports[req.rank()];
   if (slot.has_value()) {
@@ -816,11 +1030,7 @@ absl::StatusOr<Answer<v1::ReportEvalResponse>> StepMachine::ReportEval(
 }
 
 absl::Status StepMachine::ReportFailure(const v1::ReportFailureRequest& req, absl::Time now) {
-  const WorkerEntry* w = membership_.Find(req.worker_id());
-  if (w == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("worker ", req.worker_id(), " is not registered with job ", job_id()));
-  }
+  ASSIGN_OR_RETURN(const WorkerEntry* w, FindRegistered(req.worker_id()));
   if (terminal()) return absl::OkStatus();
   FailJob(absl::StrCat("worker ", req.worker_id(), w->info.host().empty() ? "" : " on ",
                        w->info.host(), ": ", req.message()),
@@ -843,11 +1053,12 @@ absl::Status StepMachine::Cancel(absl::Time now) {
 }
 
 void StepMachine::Tick(absl::Time now) {
+  ticked_at_ = now;
   if (terminal()) return;
   bool lost_any = false;
   for (const std::string& id : membership_.Expired(now)) {
     if (membership_.RankOf(id) >= 0 && membership_.generation_live()) {
-      AbortInFlight("WORKER_LOST", now);
+      AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
     }
     v1::JournalRecord record;
     v1::WorkerLost* lost = record.mutable_worker_lost();
@@ -857,7 +1068,8 @@ void StepMachine::Tick(absl::Time now) {
     Emit(std::move(record), now);
     lost_any = true;
   }
-  if (lost_any) MaybeFormGeneration(now);
+  // Also when nobody was lost: the join grace may just have run out.
+  if (lost_any || !membership_.generation_live()) MaybeFormGeneration(now);
 }
 
 // --- Decisions ---
@@ -926,7 +1138,7 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
 
   if (!desync.empty()) {
     d.set_outcome(v1::ABORT);
-    d.set_reason("DESYNC");
+    SetReason(&d, v1::WINDOW_REASON_DESYNC);
     r->set_grad_norm_post_clip(0.0);
     EndWindow(std::move(d), now);
     if (terminal()) return;
@@ -943,13 +1155,13 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
     // Normally decided at the begin barrier; reached here only when the coordinator
     // restarted between the barrier and the reports.
     d.set_outcome(v1::SKIP);
-    d.set_reason("EMPTY_WINDOW");
+    SetReason(&d, v1::WINDOW_REASON_EMPTY_WINDOW);
   } else if (inf_ranks > 0) {
     d.set_outcome(v1::SKIP);
-    d.set_reason("OVERFLOW");
+    SetReason(&d, v1::WINDOW_REASON_OVERFLOW);
   } else if (!std::isfinite(loss_sum) || !std::isfinite(first.grad_norm())) {
     d.set_outcome(v1::SKIP);
-    d.set_reason("NONFINITE_LOSS");
+    SetReason(&d, v1::WINDOW_REASON_NONFINITE_LOSS);
   } else {
     d.set_outcome(v1::COMMIT);
   }
@@ -958,8 +1170,9 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
 
 void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   v1::UpdateRecord* r = d.mutable_record();
-  r->set_outcome(OutcomeName(d.outcome()));
+  SetOutcome(r, d.outcome());
   r->set_reason(d.reason());
+  r->set_reason_code(d.reason_code());
   const v1::Clip& clip = job_.spec().clip();
   std::optional<double> max_norm;
   if (clip.has_max_grad_norm()) max_norm = clip.max_grad_norm();
@@ -982,7 +1195,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
         static_cast<double>(std::max<int64_t>(0, absl::ToUnixMillis(now) - since_ms)) / 1000.0);
   } else if (d.outcome() == v1::SKIP) {
     // The scaler reacts to gradient overflow only, once per window.
-    if (d.reason() == "OVERFLOW") scaler_after.Update(/*found_inf=*/true);
+    if (d.reason_code() == v1::WINDOW_REASON_OVERFLOW) scaler_after.Update(/*found_inf=*/true);
     r->set_grad_norm_post_clip(0.0);
   }
   d.set_learning_rate(r->learning_rate());
@@ -1035,8 +1248,34 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   }
   *ended->mutable_decision() = std::move(d);
   Emit(std::move(record), now);
+  // Begin reports of the next window sent ahead (pipelined) arrived while this one was open:
+  // the next window's time (window_seconds) starts now, not then.
+  if (auto next = attempts_.find(last_window_ + 1);
+      next != attempts_.end() && next->second.has_any_report()) {
+    next->second.first_report = std::max(next->second.first_report, now);
+  }
   MaybeFinish(now);
   MaybeEndEmptyWindow(now);
+  MaybeGrow(now);
+}
+
+void StepMachine::MaybeGrow(absl::Time now) {
+  if (terminal() || !membership_.generation_live() || eval_due_.has_value() ||
+      membership_.world_size() >= job_.spec().workers().count() ||
+      StopReachedAfter(last_window_, update_id_) || membership_.Standbys().empty()) {
+    return;
+  }
+  // At a window boundary, with workers back: the next generation takes them (up to
+  // workers.count). The members finish applying this decision first, then say so. Begin
+  // reports of the next window sent ahead (pipelined) do not hold this up: no rank computed
+  // anything of it, and their calls are answered ABORTED like any of the ended generation.
+  v1::JournalRecord record;
+  v1::GenerationEnded* ended = record.mutable_generation_ended();
+  ended->set_job_id(job_id());
+  ended->set_generation(membership_.generation());
+  ended->set_reason("workers joined");
+  Emit(std::move(record), now);
+  MaybeFormGeneration(now);
 }
 
 void StepMachine::MaybeEndEmptyWindow(absl::Time now) {
@@ -1047,14 +1286,14 @@ void StepMachine::MaybeEndEmptyWindow(absl::Time now) {
   if (FindDecision(membership_.generation(), it->first) != nullptr) return;
   v1::WindowDecision d;
   d.set_outcome(v1::SKIP);
-  d.set_reason("EMPTY_WINDOW");
+  SetReason(&d, v1::WINDOW_REASON_EMPTY_WINDOW);
   v1::UpdateRecord* r = d.mutable_record();
   *r = BaseRecord(it->first);
   r->set_window_seconds(absl::ToDoubleSeconds(now - it->second.first_report));
   EndWindow(std::move(d), now);
 }
 
-void StepMachine::AbortInFlight(const std::string& reason, absl::Time now) {
+void StepMachine::AbortInFlight(v1::WindowReason reason, absl::Time now) {
   auto it = attempts_.find(last_window_ + 1);
   if (it == attempts_.end() || !it->second.has_any_report()) {
     // Nothing in flight: the generation still ends, without a log record.
@@ -1062,7 +1301,7 @@ void StepMachine::AbortInFlight(const std::string& reason, absl::Time now) {
   }
   v1::WindowDecision d;
   d.set_outcome(v1::ABORT);
-  d.set_reason(reason);
+  SetReason(&d, reason);
   v1::UpdateRecord* r = d.mutable_record();
   *r = BaseRecord(it->first);
   r->set_global_valid_tokens(it->second.total_units);
@@ -1093,18 +1332,49 @@ void StepMachine::MaybeFinish(absl::Time now) {
 
 void StepMachine::MaybeFormGeneration(absl::Time now) {
   if (terminal() || !dataset_.has_value() || membership_.generation_live()) return;
-  const std::vector<std::string> survivors = membership_.Survivors();
-  const std::vector<std::string> standbys = membership_.Standbys();
-  const size_t need = static_cast<size_t>(job_.spec().workers().count());
-  if (survivors.size() + standbys.size() < need) return;
+  // A worker whose stream just dropped is probably dead: building on it would only give a
+  // generation that breaks again when its lease ends. It is left out until it speaks again,
+  // and while it may hold the current update, nothing rolls back.
+  std::vector<std::string> survivors, standbys;
+  bool detached_survivor = false;
+  for (const std::string& id : membership_.Survivors()) {
+    if (membership_.Find(id)->detached) {
+      detached_survivor = true;
+    } else {
+      survivors.push_back(id);
+    }
+  }
+  for (const std::string& id : membership_.Standbys()) {
+    if (!membership_.Find(id)->detached) standbys.push_back(id);
+  }
+  const size_t count = static_cast<size_t>(job_.spec().workers().count());
+  const size_t available = survivors.size() + standbys.size();
+  if (available < count) {
+    // Short of workers.count: wait for replacements for the join grace, then go on with at
+    // least workers.min. The global batch stays the same; each rank runs more micro-steps.
+    if (!short_since_.has_value()) short_since_ = now;
+    if (available < static_cast<size_t>(job_.spec().workers().min()) ||
+        now < *short_since_ + JoinGrace()) {
+      return;
+    }
+  }
+  const size_t need = std::min(available, count);
 
   // Survivors whose replica holds the current update come first, so rank 0 can seed the
   // others. A member of a generation that broke before it synced (its source died) holds
   // nothing: it must not seed anyone.
   std::vector<std::string> holders, others;
+  bool unsettled = detached_survivor;  // a survivor that may still come to hold the update
   for (const std::string& id : survivors) {
-    (membership_.Find(id)->applied_update_id >= update_id_ ? holders : others).push_back(id);
+    const WorkerEntry* w = membership_.Find(id);
+    const bool holds = w->applied_update_id >= update_id_;
+    (holds ? holders : others).push_back(id);
+    unsettled |= !holds && w->idle_after_generation < membership_.generation();
   }
+  // Never roll back while a live replica may hold the current update: a survivor that has not
+  // said it is idle may be applying the decision (or, after a coordinator restart, has not
+  // spoken yet). Each one soon says so in a heartbeat, or its lease expires.
+  if (holders.empty() && update_id_ > 0 && unsettled) return;
   v1::JournalRecord record;
   v1::GenerationFormed* f = record.mutable_generation_formed();
   f->set_job_id(job_id());
@@ -1153,6 +1423,7 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
     a->set_last_eval_loss(last_eval_->eval_loss());
     a->set_last_eval_update_id(last_eval_->optimizer_update_id());
   }
+  short_since_.reset();
   Emit(std::move(record), now);
 }
 

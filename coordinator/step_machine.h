@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/window_outcome.h"
 #include "coordinator/loss_scaler.h"
 #include "coordinator/membership.h"
 #include "trainstep/v1/job_service.pb.h"
@@ -38,6 +39,13 @@ namespace trainstep {
 
 struct MachineOptions {
   absl::Duration worker_lease = absl::Seconds(10);
+  // A worker whose Attach stream dropped is lost this long after, unless it attaches again or
+  // heartbeats: a dead process is replaced in well under a second, not a lease.
+  absl::Duration detach_grace = absl::Milliseconds(300);
+  // After a restart, how long a worker has to be heard from again (a live one reconnects
+  // within a fraction of a second; one that died while the coordinator was down is then lost
+  // after this, not after a whole lease). Capped at the lease.
+  absl::Duration reconnect_grace = absl::Seconds(3);
   // A window aborted for DESYNC this many times in a row fails the job.
   int max_consecutive_desyncs = 3;
   // Decisions kept to answer repeated reports.
@@ -84,6 +92,21 @@ class StepMachine {
   absl::StatusOr<Answer<v1::ReportEvalResponse>> ReportEval(const v1::ReportEvalRequest& req,
                                                             absl::Time now);
   absl::Status ReportFailure(const v1::ReportFailureRequest& req, absl::Time now);
+  // The worker's Attach stream number `seq` (the caller numbers streams) is open, or still
+  // open when asked again: the worker's place, as a heartbeat answers it. NOT_FOUND once the
+  // worker was declared lost.
+  absl::StatusOr<v1::HeartbeatResponse> Attach(const v1::AttachRequest& req, uint64_t seq,
+                                               absl::Time now);
+  // ABORTED for a waiting rendezvous read of a generation's key (under "<job>/g") once that
+  // generation is over: its ranks rejoin at once instead of at their wait's deadline.
+  absl::Status CheckRendezvousKey(const std::string& key) const;
+  // A rendezvous read waits for `key`, which the store lacks. The store is not journaled: if
+  // the key belongs to the generation that was live when this coordinator recovered, its
+  // ranks may have set it before the restart, and would wait for it for ever. That generation
+  // ends (a new one rendezvouses afresh) and the read is answered ABORTED. OK otherwise.
+  absl::Status RendezvousKeyMissing(const std::string& key, absl::Time now);
+  // Stream `seq` of `worker_id` dropped (its process died, or its connection did).
+  void Detached(const std::string& worker_id, uint64_t seq, absl::Time now);
 
   // --- Client calls ---
   absl::Status Cancel(absl::Time now);
@@ -104,13 +127,19 @@ class StepMachine {
   // Every live worker's lease restarts at `now`: the coordinator could not hear them for a
   // while (it was down, or paused), which is not their fault.
   void RenewAllLeases(absl::Time now) { membership_.RenewAll(now + options_.worker_lease); }
-  // After a replay: leases restart (the workers were alive when the coordinator went down),
+  // After a replay: leases restart, for the reconnect grace (a live worker speaks again at
+  // once; one that died while the coordinator was down is lost soon),
   // and the window then in flight may be completed by ranks whose BeginWindow the previous
   // coordinator answered (see CheckBeginBarrierPassed).
   void Recovered(absl::Time now);
 
   // --- Journal ---
   void Apply(const v1::JournalRecord& record);
+  // OK when this machine, in its present state, could have emitted `record`; otherwise why
+  // not. Replay refuses a journal holding such a record (a damaged or forged one) instead of
+  // running a job from a state no run can reach. Checks what Apply relies on: the workers,
+  // generation, window, ids and checkpoint a record names.
+  absl::Status CheckFollows(const v1::JournalRecord& record) const;
   v1::JobSnapshot Snapshot() const;
   std::vector<v1::JournalRecord> TakeRecords();
 
@@ -139,6 +168,19 @@ class StepMachine {
   absl::Status CheckRunnable() const;
   // NOT_FOUND for a worker declared lost: it must register again under a new identity.
   absl::Status LostError(const std::string& worker_id) const;
+  // A worker's first report of the data it loaded: the job's dataset (and its windows per
+  // epoch) if it is the first, else it must match. FAILED_PRECONDITION when it does not.
+  absl::Status AcceptDataset(const std::string& worker_id, const v1::DatasetInfo& d,
+                             absl::Time now);
+  // What a heartbeat is answered: the job's state and the worker's assignment, if any.
+  v1::HeartbeatResponse HeartbeatAnswer(const std::string& worker_id) const;
+  // The worker's entry, or NOT_FOUND naming it and the job.
+  absl::StatusOr<const WorkerEntry*> FindRegistered(const std::string& worker_id) const;
+  // The same, and NOT_FOUND (LostError) once it was declared lost.
+  absl::StatusOr<const WorkerEntry*> FindLive(const std::string& worker_id) const;
+  // A BeginWindow answered by the window's decision (a repeat, or a window that ended at its
+  // barrier): the same answer however it is reached.
+  static Answer<v1::BeginWindowResponse> DecidedAtBegin(const v1::WindowDecision& d);
   // OK iff the worker is rank `rank` of generation `generation`; ABORTED when that
   // generation is gone (with the decision, if the window was decided in it).
   absl::Status CheckMember(const std::string& worker_id, int64_t generation, int32_t rank) const;
@@ -156,13 +198,21 @@ class StepMachine {
   // Completes the decision's record (ids, scaler, checkpoint, stop) and journals it.
   void EndWindow(v1::WindowDecision decision, absl::Time now);
   void DecideWindow(const Attempt& attempt, absl::Time now);
-  void AbortInFlight(const std::string& reason, absl::Time now);
+  void AbortInFlight(v1::WindowReason reason, absl::Time now);
   // Ends the next window at its barrier when it has nothing to train (N = 0).
   void MaybeEndEmptyWindow(absl::Time now);
   // Emits JobEnded(SUCCEEDED) once the stop condition holds and the final checkpoint is durable.
   void MaybeFinish(absl::Time now);
   void FailJob(const std::string& message, absl::Time now);
   void MaybeFormGeneration(absl::Time now);
+  // At a window boundary of a generation smaller than workers.count, with standbys waiting:
+  // ends it, so that the next one takes them.
+  void MaybeGrow(absl::Time now);
+  absl::Duration JoinGrace() const;  // spec.workers.join_grace
+  // What registration tells workers: five heartbeats per lease.
+  absl::Duration HeartbeatInterval() const { return options_.worker_lease / 5; }
+  // Ends the current generation if `worker_id`, one of its ranks, said it waits for a later one.
+  void MaybeLeaveGeneration(const std::string& worker_id, absl::Time now);
   v1::UpdateRecord BaseRecord(int64_t window_id) const;
   int64_t EpochOf(int64_t window_id) const;
   // last_dropped_tail_ for the epochs ended so far (last_window_): after every change of it.
@@ -194,6 +244,11 @@ class StepMachine {
   int64_t micro_step_id_ = 0;   // of the last committed or skipped window
   int64_t last_commit_ms_ = 0;  // end_time_ms of the last commit in the log (0 = none)
   int64_t consecutive_desyncs_ = 0;
+  int64_t rollbacks_ = 0;  // generations formed with rolled_back
+  // Ephemeral: since when no generation could form with workers.count workers (reset when one
+  // forms); the join grace runs from it. The latest Tick's time, for NextDeadline.
+  std::optional<absl::Time> short_since_;
+  std::optional<absl::Time> ticked_at_;
   std::map<int64_t, v1::CheckpointRecord> checkpoints_;  // by id
 
   std::optional<v1::DatasetInfo> dataset_;  // set once a worker's report was accepted

@@ -3,13 +3,16 @@
 #define TRAINSTEP_COORDINATOR_WORKER_SERVICE_H_
 
 #include "coordinator/coordinator.h"
+#include "coordinator/rpc_auth.h"
 #include "trainstep/v1/worker_service.grpc.pb.h"
 
 namespace trainstep {
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(Coordinator* coordinator) : c_(coordinator) {}
+  // `auth` (not owned) authorizes every call; null: everyone may call everything.
+  explicit WorkerServiceImpl(Coordinator* coordinator, RpcAuthorizer* auth = nullptr)
+      : c_(coordinator), auth_(auth) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext*,
                                            const v1::RegisterWorkerRequest* req,
@@ -31,6 +34,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext*,
                                           const v1::ReportFailureRequest* req,
                                           v1::ReportFailureResponse* resp) override;
+  grpc::ServerWriteReactor<v1::AttachEvent>* Attach(grpc::CallbackServerContext*,
+                                                    const v1::AttachRequest* req) override;
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext*, const v1::StoreSetRequest* req,
                                      v1::StoreSetResponse* resp) override;
   grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext*, const v1::StoreGetRequest* req,
@@ -54,6 +59,7 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
 
  private:
   Coordinator* c_;
+  RpcAuthorizer* auth_;
 };
 
 }  // namespace trainstep

@@ -21,6 +21,7 @@ PACKAGES=(
   python3 python3-torch
   debootstrap  # the Debian 13 root of `make check-gpu-build`
   python3-grpcio python3-protobuf  # the Python client (client/python) and its tests
+  openssl  # scripts/dev-certs.sh: the TLS/mTLS tests' certificates and the secured tour
   # Sanitizer and fuzzing builds (make check-asan, check-tsan, fuzz): clang 14, its sanitizer
   # and libFuzzer runtimes, and llvm-symbolizer for file:line in reports.
   clang-14 libclang-rt-14-dev llvm-14

@@ -17,7 +17,8 @@ namespace trainstep {
 absl::Status CheckPrecision(v1::JobSpec::Precision precision, const at::Device& device);
 
 // Enables autocast for the scope's lifetime: bf16 on CPU or CUDA, fp16 on CUDA; fp32 does
-// nothing. Not nestable; one per forward.
+// nothing. Scopes nest (LibTorch counts them): leaving the outermost one frees the
+// casted-weight cache.
 class AutocastScope {
  public:
   AutocastScope(v1::JobSpec::Precision precision, const at::Device& device);

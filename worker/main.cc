@@ -1,17 +1,18 @@
 // trainstep-worker: flags → Worker. Nothing testable lives here.
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
+#include <memory>
+#include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/address.h"
 #include "common/allowed_roots.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "common/port_file.h"
+#include "common/status_macros.h"
+#include "common/tls.h"
 #include "worker/device.h"
 #include "worker/generate.h"
 #include "worker/host_setup.h"
@@ -21,6 +22,18 @@
 
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address host:port (default: $TRAINSTEP_COORDINATOR, else 127.0.0.1:7070)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signs the coordinator's certificate: talk TLS to it (default: "
+          "$TRAINSTEP_TLS_CA; none = plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for mTLS (default: $TRAINSTEP_TLS_CERT; re-read when it "
+          "changes)");
+ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls-cert (default: $TRAINSTEP_TLS_KEY)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding a bearer token sent on every call (default: $TRAINSTEP_TOKEN, the token "
+          "itself); needs --tls-ca");
+ABSL_FLAG(absl::Duration, tls_reload_interval, trainstep::kDefaultTlsReloadInterval,
+          "how often the TLS files are checked for a rotated certificate");
 ABSL_FLAG(std::string, allowed_roots, "",
           "DIR[,DIR…]: the only directories a job's data, model and checkpoint paths may be in "
           "(after resolving .. and symlinks); empty = any path the worker's user can reach");
@@ -40,6 +53,14 @@ ABSL_FLAG(std::string, device, "auto",
           "devices CUDA_VISIBLE_DEVICES leaves visible");
 ABSL_FLAG(int64_t, collective_timeout_ms, 120000,
           "rendezvous and all-reduce timeout; a dead peer is noticed within this");
+ABSL_FLAG(bool, overlap_allreduce, true,
+          "start each gradient bucket's all-reduce during the window's last backward, once its "
+          "gradients are final (CPU workers; the same buckets and sums as after backward). "
+          "false: all-reduce after backward, e.g. to compare or to rule it out");
+ABSL_FLAG(bool, pipeline_begin, true,
+          "send the next window's BeginWindow (its token count needs no weights) while this "
+          "window computes, so that its answer comes with this window's decision. false: each "
+          "window's BeginWindow is sent when the window starts, e.g. to compare or rule it out");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
 ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
           "TEST ONLY: perturb this worker's gradient in that window so replicas desync");
@@ -65,127 +86,104 @@ ABSL_FLAG(std::string, debug_cpuinfo, "",
 namespace trainstep {
 namespace {
 
-int Main(int argc, char** argv) {
-  // Before the first tensor: steady-state micro-steps then reuse heap memory (malloc_config.h).
-  ConfigureMallocForTraining();
-  ConfigureUsage(
-      "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
-      "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]");
-  std::vector<char*> args;
-  std::vector<std::string> storage = NormalizeFlagNames(argc, argv, &args);
-  absl::ParseCommandLine(static_cast<int>(args.size()) - 1, args.data());
+// Every refusal to start: the reason on stderr, exit code 2.
+int Fail(absl::string_view message) {
+  LogError(message);
+  return 2;
+}
 
-  LogFormat format;
-  if (!ParseLogFormat(absl::GetFlag(FLAGS_log_format), &format)) {
-    LogError("--log-format must be text or json");
-    return 2;
+// --generate: prints text sampled from --checkpoint instead of training.
+int RunGenerate() {
+  GenerateOptions g;
+  g.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  g.prompt = absl::GetFlag(FLAGS_prompt);
+  g.tokens = absl::GetFlag(FLAGS_tokens);
+  g.temperature = absl::GetFlag(FLAGS_temperature);
+  if (g.checkpoint.empty()) return Fail("--generate needs --checkpoint DIR/ckpt-<id>");
+  absl::StatusOr<std::string> text = Generate(g);
+  if (!text.ok()) {
+    LogError(text.status().message());
+    return 1;
   }
-  SetLogFormat(format);
+  std::cout << *text << std::endl;
+  return 0;
+}
 
-  absl::StatusOr<HostSetup> host =
-      SetUpHost(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_debug_cpuinfo));
-  if (!host.ok()) {
-    LogError(std::string(host.status().message()));
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_host_info)) {
-    std::cout << HostJson(*host) << std::endl;
-    return 0;
-  }
+// --coordinator, else $TRAINSTEP_COORDINATOR, else the default.
+std::string CoordinatorFromFlags() {
+  const std::string flag = absl::GetFlag(FLAGS_coordinator);
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("TRAINSTEP_COORDINATOR");
+  return env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
+}
 
-  if (absl::GetFlag(FLAGS_generate)) {
-    GenerateOptions g;
-    g.checkpoint = absl::GetFlag(FLAGS_checkpoint);
-    g.prompt = absl::GetFlag(FLAGS_prompt);
-    g.tokens = absl::GetFlag(FLAGS_tokens);
-    g.temperature = absl::GetFlag(FLAGS_temperature);
-    if (g.checkpoint.empty()) {
-      LogError("--generate needs --checkpoint DIR/ckpt-<id>");
-      return 2;
-    }
-    absl::StatusOr<std::string> text = Generate(g);
-    if (!text.ok()) {
-      LogError(std::string(text.status().message()));
-      return 1;
-    }
-    std::cout << *text << std::endl;
-    return 0;
-  }
-
-  LogInfo(DescribeHost(*host));
-  for (const std::string& w : HostWarnings(*host)) LogWarning(w);
-
-  WorkerOptions options;
-  options.cpu = host->cpu;
-  options.coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (options.coordinator.empty()) {
-    const char* env = std::getenv("TRAINSTEP_COORDINATOR");
-    options.coordinator = env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
-  }
-  options.job_id = absl::GetFlag(FLAGS_job);
-  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
-  if (options.connect_timeout < absl::ZeroDuration()) {
-    LogError("--connect-timeout must be ≥ 0 (0 = forever)");
-    return 2;
-  }
-  options.name = absl::GetFlag(FLAGS_name);
-  absl::StatusOr<AllowedRoots> roots = AllowedRoots::Parse(absl::GetFlag(FLAGS_allowed_roots));
-  if (!roots.ok()) {
-    LogError(std::string(roots.status().message()));
-    return 2;
-  }
-  options.allowed_roots = std::move(*roots);
-  if (!options.allowed_roots.restricted()) {
+// --allowed-roots, and a word on stderr about what it allows.
+absl::StatusOr<AllowedRoots> AllowedRootsFromFlags() {
+  ASSIGN_OR_RETURN(AllowedRoots roots, AllowedRoots::Parse(absl::GetFlag(FLAGS_allowed_roots)));
+  if (!roots.restricted()) {
     LogWarning(
         "no --allowed-roots: a job spec may make this worker read any file and write checkpoints "
         "anywhere its user can; pass --allowed-roots DIR[,DIR…] outside a trusted setting");
   } else {
-    LogInfo(absl::StrCat("job paths are limited to --allowed-roots ",
-                         options.allowed_roots.ToString()));
+    LogInfo(absl::StrCat("job paths are limited to --allowed-roots ", roots.ToString()));
   }
-  options.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
-  options.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
+  return roots;
+}
+
+// Everything but the metrics, which StartMetrics adds.
+absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
+  WorkerOptions options;
+  options.cpu = host.cpu;
+  options.coordinator = CoordinatorFromFlags();
+  ChannelSecurityFlags security;
+  security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  security.token_file = absl::GetFlag(FLAGS_token_file);
+  ASSIGN_OR_RETURN(options.coordinator_security, ResolveChannelSecurity(security, ProcessEnv()));
+  options.coordinator_security.reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
+  options.job_id = absl::GetFlag(FLAGS_job);
+  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  if (options.connect_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--connect-timeout must be ≥ 0 (0 = forever)");
+  }
+  options.name = absl::GetFlag(FLAGS_name);
+  ASSIGN_OR_RETURN(options.allowed_roots, AllowedRootsFromFlags());
+  options.faults.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
+  options.faults.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
+  options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
+  options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
   options.collective.host = absl::GetFlag(FLAGS_collective_host);
   if (options.collective.host.empty()) {
-    const bool loopback = absl::StartsWith(options.coordinator, "127.") ||
-                          absl::StartsWith(options.coordinator, "localhost:");
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    options.collective.host = loopback ? "127.0.0.1" : host;
+    options.collective.host =
+        IsLoopbackAddress(options.coordinator) ? "127.0.0.1" : LocalHostName();
   }
-  absl::StatusOr<at::Device> device =
-      ChooseDevice(absl::GetFlag(FLAGS_device), DeviceEnvFromProcess());
-  if (!device.ok()) {
-    LogError(std::string(device.status().message()));
-    return 2;
-  }
-  options.collective.device = *device;
-  LogInfo(absl::StrCat("device ", device->str()));
+  ASSIGN_OR_RETURN(options.collective.device,
+                   ChooseDevice(absl::GetFlag(FLAGS_device), DeviceEnvFromProcess()));
+  LogInfo(absl::StrCat("device ", options.collective.device.str()));
+  return options;
+}
 
+// The /metrics endpoint (null without --metrics-listen), then --port-file.
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> StartMetrics() {
   std::unique_ptr<WorkerMetrics> metrics;
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<WorkerMetrics>> m = WorkerMetrics::Start(metrics_listen);
-    if (!m.ok()) {
-      LogError(std::string(m.status().message()));
-      return 2;
-    }
-    metrics = std::move(*m);
-    options.metrics = metrics.get();
-    LogInfo(absl::StrCat("metrics on http://", metrics_listen.substr(0, metrics_listen.rfind(':')),
-                         ":", metrics->port(), "/metrics"));
+  const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!listen.empty()) {
+    ASSIGN_OR_RETURN(metrics, WorkerMetrics::Start(listen));
+    LogInfo(absl::StrCat("metrics on http://", listen.substr(0, listen.rfind(':')), ":",
+                         metrics->port(), "/metrics"));
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_port_file);
-    {
-      std::ofstream out(path + ".tmp");
-      out << "{\"metrics_port\": " << (metrics ? metrics->port() : 0) << "}\n";
-    }
-    std::rename((path + ".tmp").c_str(), path.c_str());
+    RETURN_IF_ERROR(WritePortFile(absl::GetFlag(FLAGS_port_file),
+                                  {{"metrics_port", metrics ? metrics->port() : 0}}));
   }
+  return metrics;
+}
 
-  Worker worker(options);
+// Trains until the job ends or this worker fails. Returns the exit code.
+int RunWorker(WorkerOptions options) {
+  Worker worker(std::move(options));
   WorkerExit exit;
   try {
     exit = worker.Run();
@@ -198,6 +196,36 @@ int Main(int argc, char** argv) {
     LogError(exit.message);
   }
   return exit.code;
+}
+
+int Main(int argc, char** argv) {
+  // Before the first tensor: steady-state micro-steps then reuse heap memory (malloc_config.h).
+  ConfigureMallocForTraining();
+  if (absl::Status s = ParseCommandLineAndLogFormat(
+          argc, argv,
+          "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
+          "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]",
+          FLAGS_log_format);
+      !s.ok()) {
+    return Fail(s.message());
+  }
+  absl::StatusOr<HostSetup> host =
+      SetUpHost(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_debug_cpuinfo));
+  if (!host.ok()) return Fail(host.status().message());
+  if (absl::GetFlag(FLAGS_host_info)) {
+    std::cout << HostJson(*host) << std::endl;
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_generate)) return RunGenerate();
+
+  LogInfo(DescribeHost(*host));
+  for (const std::string& w : HostWarnings(*host)) LogWarning(w);
+  absl::StatusOr<WorkerOptions> options = OptionsFromFlags(*host);
+  if (!options.ok()) return Fail(options.status().message());
+  absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics = StartMetrics();
+  if (!metrics.ok()) return Fail(metrics.status().message());
+  options->metrics = metrics->get();
+  return RunWorker(*std::move(options));
 }
 
 }  // namespace

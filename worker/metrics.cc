@@ -3,10 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
-
-#ifndef TRAINSTEP_VERSION
-#define TRAINSTEP_VERSION "dev"
-#endif
+#include "common/version.h"
 
 namespace trainstep {
 
@@ -36,7 +33,7 @@ WorkerMetrics::WorkerMetrics()
                       .Name("trainstep_build_info")
                       .Help("Build information (value 1)")
                       .Register(*registry_)) {
-  build_info_.Add({{"version", TRAINSTEP_VERSION}, {"component", "worker"}}).Set(1);
+  build_info_.Add({{"version", TrainstepVersion()}, {"component", "worker"}}).Set(1);
 }
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Start(const std::string& address) {

@@ -28,7 +28,8 @@ class WorkerMetrics {
   void AddMicroSteps(int64_t n);
   void AddAllReduce(int64_t calls, int64_t bytes);
   void AddTokens(int64_t n);
-  // phase: forward | backward | allreduce | optimizer
+  // phase: forward | backward | allreduce (the wait after backward) |
+  // allreduce_overlapped (first bucket launched → backward returned) | optimizer
   void ObservePhase(absl::string_view phase, double seconds);
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 

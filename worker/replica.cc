@@ -2,9 +2,16 @@
 
 #include <torch/autograd.h>
 #include <torch/csrc/api/include/torch/utils.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <atomic>
 #include <limits>
+#include <unordered_map>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -28,6 +35,38 @@ absl::Status Catching(const std::string& what, Fn&& fn) {
 
 }  // namespace
 
+struct GradientHookTarget {
+  // Non-null only while a MicroStep that passed on_ready runs its backward.
+  std::atomic<const GradientReadyFn*> on_ready{nullptr};
+};
+
+namespace {
+
+// Runs after the AccumulateGrad node of one parameter (a Node post-hook: the same API in
+// LibTorch 1.13 and 2.x), so the parameter's .grad holds this backward's sum then, whether
+// the node added into it in place or set a new tensor.
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradientReadyHook(std::shared_ptr<GradientHookTarget> target, size_t position, at::Tensor param)
+      : target_(std::move(target)), position_(position), param_(std::move(param)) {}
+
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    if (const GradientReadyFn* on_ready = target_->on_ready.load(std::memory_order_acquire)) {
+      (*on_ready)(position_, param_.grad());
+    }
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<GradientHookTarget> target_;
+  size_t position_;
+  at::Tensor param_;  // its node holds it too
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const v1::JobSpec& resolved,
                                                          const at::Device& device) {
   RETURN_IF_ERROR(CheckPrecision(resolved.precision(), device));
@@ -42,7 +81,43 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const v1::JobSpec& reso
   }));
   ASSIGN_OR_RETURN(r->optim_, Optim::Build(resolved, r->model_->NamedParameters()));
   r->ZeroGrad();
+  r->RegisterGradientHooks();
   return r;
+}
+
+void Replica::RegisterGradientHooks() {
+  hook_target_ = std::make_shared<GradientHookTarget>();
+  const std::vector<TrainableParam>& params = optim_->trainable();
+  // A tensor listed twice (weights tied inside a TorchScript file) would be made final, and
+  // all-reduced, at two positions: that needs the one-pass all-reduce after backward.
+  std::unordered_map<const void*, const std::string*> seen;
+  for (const TrainableParam& p : params) {
+    auto [it, added] = seen.emplace(p.tensor.unsafeGetTensorImpl(), &p.name);
+    if (!added) {
+      hooks_missing_ = absl::StrCat("parameters ", *it->second, " and ", p.name,
+                                    " are one tensor (tied weights)");
+      return;
+    }
+  }
+  std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+  absl::Status s = Catching("hooking the gradient accumulators", [&] {
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> node =
+          torch::autograd::impl::grad_accumulator(params[i].tensor);
+      if (node == nullptr) {
+        throw std::runtime_error(absl::StrCat(params[i].name, " has no gradient accumulator"));
+      }
+      // Its position in BucketGradients(): reverse parameter order.
+      node->add_post_hook(std::make_unique<GradientReadyHook>(hook_target_, params.size() - 1 - i,
+                                                              params[i].tensor));
+      nodes.push_back(std::move(node));
+    }
+  });
+  if (!s.ok()) {
+    hooks_missing_ = std::string(s.message());  // hooks already added stay, never called
+    return;
+  }
+  accumulators_ = std::move(nodes);
 }
 
 at::Tensor Replica::ForwardLossSum(const MicroBatchTensors& t) {
@@ -68,7 +143,7 @@ at::Tensor Replica::ForwardLossSum(const MicroBatchTensors& t) {
 }
 
 absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double multiplier,
-                                          MicroStepTimes* times) {
+                                          MicroStepTimes* times, const GradientReadyFn* on_ready) {
   double loss_sum = 0.0;
   const absl::Time start = absl::Now();
   absl::Time backward_start;
@@ -76,6 +151,12 @@ absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double mul
     at::Tensor loss = ForwardLossSum(ToTensors(mb, token_level_, device_));
     loss_sum = loss.item<double>();
     backward_start = absl::Now();
+    if (on_ready != nullptr && *on_ready && gradient_hooks()) {
+      hook_target_->on_ready.store(on_ready, std::memory_order_release);
+    }
+    // backward() returns once every node ran (on whichever threads): no hook runs after this.
+    auto disarm = absl::MakeCleanup(
+        [this] { hook_target_->on_ready.store(nullptr, std::memory_order_release); });
     torch::autograd::backward({loss * multiplier});
   }));
   if (times != nullptr) {
@@ -105,6 +186,12 @@ std::vector<at::Tensor> Replica::Gradients() {
   return grads;
 }
 
+std::vector<at::Tensor> Replica::BucketGradients() {
+  std::vector<at::Tensor> grads = Gradients();
+  std::reverse(grads.begin(), grads.end());
+  return grads;
+}
+
 void Replica::InjectNonFinite() {
   at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
   g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
@@ -115,7 +202,7 @@ void Replica::PerturbGradient(double delta) {
   g.view({-1})[0].add_(delta);
 }
 
-UnscaleResult Replica::UnscaleAndCheck(double loss_scale) {
+UnscaleResult Replica::UnscaleAndNorm(double loss_scale) {
   std::vector<at::Tensor> grads = Gradients();
   UnscaleResult r;
   // Queued before the in-place unscale, read after it: no extra device sync.

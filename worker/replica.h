@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,7 +20,17 @@
 #include "worker/models/model.h"
 #include "worker/optim.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace trainstep {
+
+// Told during a micro-step's backward that a trainable gradient is final: `position` in
+// Replica::BucketGradients() order, `grad` the parameter's .grad after its accumulation.
+using GradientReadyFn = std::function<void(size_t position, const at::Tensor& grad)>;
+
+struct GradientHookTarget;  // what a replica's gradient hooks call (replica.cc)
 
 struct MicroStepTimes {
   double forward_seconds = 0.0;  // forward + loss
@@ -42,22 +53,35 @@ class Replica {
 
   // One micro-batch: forward (under autocast for bf16/fp16), LossSum, and
   // backward(multiplier · LossSum). Gradients accumulate. Returns the unscaled LossSum.
+  // With `on_ready` (and gradient_hooks()), each trainable gradient is passed to it as soon
+  // as its accumulation in this backward is done, on the thread that runs it (on CPU, the
+  // caller's), while the rest of backward runs; a parameter this backward does not reach is
+  // not passed.
   absl::StatusOr<double> MicroStep(const data::MicroBatch& mb, double multiplier,
-                                   MicroStepTimes* times = nullptr);
+                                   MicroStepTimes* times = nullptr,
+                                   const GradientReadyFn* on_ready = nullptr);
 
   // Held-out evaluation of one micro-batch: forward under the training precision's autocast,
   // no gradient, the model in eval mode; returns LossSum (the sum over its valid units).
   absl::StatusOr<double> EvalLossSum(const data::MicroBatch& mb);
 
-  // The trainable gradients in bucket order (defined after ZeroGrad).
+  // The trainable gradients in parameter order (defined after ZeroGrad): the order of the
+  // unscale, the norm and the optimizer.
   std::vector<at::Tensor> Gradients();
+  // The same tensors in all-reduce bucket order: reverse parameter order, roughly the order
+  // backward makes them final (as DDP buckets), so the first buckets can start early.
+  std::vector<at::Tensor> BucketGradients();
+  // Whether MicroStep can report gradients as they become final (a hook on every trainable
+  // parameter's gradient accumulator); if not, gradient_hooks_missing() says why.
+  bool gradient_hooks() const { return !accumulators_.empty(); }
+  const std::string& gradient_hooks_missing() const { return hooks_missing_; }
   // Fault injection (debug.nonfinite_grad_windows): +inf into one gradient element.
   void InjectNonFinite();
   // Test-only desync: nudges one gradient element so this rank's norm differs.
   void PerturbGradient(double delta);
   // After the all-reduce: the scaled norm (with a loss scaler), gradients ×= 1/S, non-finite
   // check, global L2 norm (fp32).
-  UnscaleResult UnscaleAndCheck(double loss_scale);
+  UnscaleResult UnscaleAndNorm(double loss_scale);
 
   // COMMIT: gradients ×= clip_coef, every group's lr = base_lr × its scale, step, zero.
   void Commit(double clip_coef, double base_lr);
@@ -76,19 +100,26 @@ class Replica {
   absl::Status LoadState(const std::string& bytes);
 
   bool token_level() const { return token_level_; }
-  const Optim& optim() const { return *optim_; }
   Model& model() { return *model_; }
 
  private:
   Replica() = default;
   // Forward (autocast) and LossSum, with the model's output checked. Throws (LibTorch).
   at::Tensor ForwardLossSum(const MicroBatchTensors& t);
+  // A post-hook on each trainable parameter's AccumulateGrad node (what c10d's Reducer
+  // hooks): it calls the MicroStep's on_ready, when there is one. Leaves none on failure.
+  void RegisterGradientHooks();
 
   v1::JobSpec spec_;
   at::Device device_ = at::kCPU;
   bool token_level_ = true;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optim> optim_;
+  std::shared_ptr<GradientHookTarget> hook_target_;  // shared with the hooks
+  // The hooked nodes: autograd holds a parameter's accumulator weakly, and would make a new
+  // one, without the hook, for the next graph once the last graph using it is freed.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::string hooks_missing_;  // why accumulators_ is empty
 };
 
 }  // namespace trainstep

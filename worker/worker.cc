@@ -2,35 +2,29 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
-#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/address.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/bf16_probe.h"
 #include "worker/checkpoint/checkpoint_dir.h"
+#include "worker/coordinator_link.h"
 #include "worker/data/collate.h"
 #include "worker/device.h"
+#include "worker/fault_hooks.h"
 #include "worker/generate.h"
 #include "worker/loss.h"
 #include "worker/torch_status.h"
 
 namespace trainstep {
 namespace {
-
-void Nap(absl::Duration d) {
-  std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
-}
-
-bool Terminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
-}
 
 // A report refused as stale (ABORTED) means the window was aborted under this rank: the
 // same outcome as an ABORT decision. Other errors stay errors.
@@ -42,91 +36,87 @@ absl::StatusOr<v1::WindowDecision> AbortedOrError(const absl::Status& s) {
   return d;
 }
 
-// The collective and store calls fail with UNAVAILABLE when a peer or the generation is
-// gone: the worker rejoins. Anything else is this worker's own failure.
-bool IsRejoinable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kAborted ||
-         s.code() == absl::StatusCode::kDeadlineExceeded;
+// What a failed step means for the generation (Classify): a rejoin, logged with `what`, or
+// the error itself, which fails the job.
+absl::StatusOr<Worker::GenerationEnd> RejoinOrFail(const absl::Status& s, const std::string& what) {
+  if (Classify(s) == ErrorMeaning::kRejoin) {
+    LogWarning(absl::StrCat(what, ": ", s.message(), "; rejoining"));
+    return Worker::GenerationEnd::kRejoin;
+  }
+  return s;
+}
+
+// An error of this process's own files or LibTorch is its own failure whatever its code: a
+// checkpoint file NOT_FOUND must not read as this worker declared lost (Classify).
+absl::Status OwnFailure(const absl::Status& s) {
+  if (s.ok() || Classify(s) == ErrorMeaning::kFatal) return s;
+  return absl::InternalError(s.message());
 }
 
 }  // namespace
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
   if (options_.name.empty()) {
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    options_.name = absl::StrCat(host, "-", getpid());
+    options_.name = absl::StrCat(LocalHostName(), "-", getpid());
   }
 }
 
-Worker::~Worker() {
-  if (!stop_heartbeats_.HasBeenNotified()) stop_heartbeats_.Notify();
-  if (heartbeats_.joinable()) heartbeats_.join();
-}
+Worker::~Worker() { DropNextBegin(); }
 
 void Worker::Fail(const absl::Status& status) {
-  LogError(status.ToString());
-  if (client_ == nullptr || job_id_.empty()) return;
-  v1::ReportFailureRequest req;
-  req.set_job_id(job_id_);
-  req.set_worker_id(WorkerId());
-  req.set_message(std::string(status.message()));
-  (void)client_->ReportFailure(req);
-}
-
-std::string Worker::WorkerId() const {
-  absl::MutexLock lock(&mu_);
-  return worker_id_;
-}
-
-absl::Status Worker::Register() {
-  const bool again = !job_id_.empty();
-  v1::RegisterWorkerRequest reg;
-  reg.set_job_id(again ? job_id_ : options_.job_id);
-  reg.set_name(options_.name);
-  reg.set_host(options_.collective.host);
-  reg.set_request_id(absl::StrCat(options_.name, "/", absl::ToUnixNanos(absl::Now())));
-  absl::StatusOr<v1::RegisterWorkerResponse> r = client_->RegisterWorker(reg);
-  if (!r.ok()) {
-    return absl::Status(r.status().code(),
-                        absl::StrCat("cannot register with the coordinator at ",
-                                     options_.coordinator, ": ", r.status().message()));
+  if (link_ == nullptr) {
+    LogError(status.ToString());
+    return;
   }
-  if (!again) {  // only before the heartbeat thread exists
-    job_id_ = r->job_id();
-    spec_ = r->spec();
-    heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(50, r->heartbeat_interval_ms()));
-  }
-  absl::MutexLock lock(&mu_);
-  worker_id_ = r->worker_id();
-  // The new identity has no dataset accepted yet: the next heartbeat reports it.
-  last_heartbeat_ = v1::HeartbeatResponse();
-  LogInfo(absl::StrCat("registered", again ? " again" : "", " as ", worker_id_, " of ", job_id_,
-                       " (", spec_.name(), ")"));
-  return absl::OkStatus();
+  link_->ReportFailure(status);
 }
 
 absl::Status Worker::Setup() {
   WorkerClientOptions copts;
   // Re-sent every 2 s, so a wait notices within a heartbeat that its generation is gone.
   copts.barrier_poll = absl::Seconds(2);
-  copts.keep_waiting = [this] { return !job_over_ && !refused_ && !GenerationSuperseded(); };
+  copts.keep_waiting = [this] { return link_ == nullptr || link_->KeepWaiting(); };
   copts.connect_timeout = options_.connect_timeout;
   // Every failed attempt to reach the coordinator is logged: the first, then every 10 s.
   copts.on_connect_retry = [this, next_log = absl::InfinitePast()](const absl::Status& s) mutable {
     const absl::Time now = absl::Now();
     if (now < next_log) return;
     next_log = now + absl::Seconds(10);
+    const std::string security =
+        ExplainSecurityFailure(s, options_.coordinator_security, options_.coordinator);
     LogWarning(absl::StrCat(
         "cannot reach the coordinator at ", options_.coordinator, " yet (",
-        absl::StatusCodeToString(s.code()), ": ", s.message(), "); retrying",
+        absl::StatusCodeToString(s.code()), ": ", s.message(), ")",
+        security.empty() ? "" : absl::StrCat(": ", security), "; retrying",
         options_.connect_timeout > absl::ZeroDuration()
             ? absl::StrCat(" for up to ", absl::FormatDuration(options_.connect_timeout),
                            " (--connect-timeout)")
             : " until it answers (--connect-timeout 0)"));
   };
-  client_ = std::make_unique<WorkerClient>(MakeChannel(options_.coordinator), copts);
-  RETURN_IF_ERROR(Register());
+  if (options_.client != nullptr) {
+    shared_client_ = std::shared_ptr<WorkerRpc>(options_.client, [](WorkerRpc*) {});
+  } else {
+    shared_client_ = std::make_shared<WorkerClient>(
+        MakeChannel(options_.coordinator, options_.coordinator_security), copts);
+  }
+  client_ = shared_client_.get();
+  LinkOptions lopts;
+  lopts.job_id = options_.job_id;
+  lopts.name = options_.name;
+  lopts.host = options_.collective.host;
+  lopts.coordinator = options_.coordinator;
+  lopts.clock = options_.clock;
+  link_ = std::make_unique<CoordinatorLink>(client_, lopts);
+  RETURN_IF_ERROR(link_->Register());
+  // A collective blocked on a peer that died or stopped ends once the coordinator says the
+  // generation is over (the Attach stream brings that at once), not at the collective timeout.
+  options_.collective.keep_waiting = [this] {
+    ResendBeginIfCoordinatorRestarted();
+    return link_->KeepWaiting();
+  };
+  job_id_ = link_->job_id();
+  spec_ = link_->spec();
+  faults_ = std::make_unique<FaultHooks>(spec_.debug(), options_.faults);
   // Before anything reads or writes a path of the spec: it comes from whoever submitted it.
   if (absl::Status s = CheckSpecPaths(spec_, options_.allowed_roots); !s.ok()) {
     Fail(s);
@@ -143,7 +133,7 @@ absl::Status Worker::Setup() {
   if (spec_.precision() == v1::JobSpec::bf16 && !device_.is_cuda()) LogBf16Notice(options_.cpu);
 
   // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
-  heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+  link_->StartHeartbeats();
 
   absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, options_.allowed_roots);
   if (!d.ok()) {
@@ -167,119 +157,44 @@ absl::Status Worker::Setup() {
     eval_dataset_ = std::move(*e);
   }
   planner_ = std::make_unique<data::WindowPlanner>(spec_, dataset_->size());
-  {
-    // The heartbeat thread reports the dataset from here on.
-    absl::MutexLock lock(&mu_);
-    dataset_report_.set_samples(dataset_->size());
-    dataset_report_.set_fingerprint(dataset_->fingerprint());
-  }
+  v1::DatasetInfo dataset;
+  dataset.set_samples(dataset_->size());
+  dataset.set_fingerprint(dataset_->fingerprint());
+  link_->SetDataset(dataset);  // the heartbeats report it from here on
   absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
   if (!replica.ok()) {
     Fail(replica.status());
     return replica.status();
   }
   replica_ = std::move(*replica);
+  if (options_.overlap_allreduce && device_.is_cuda()) {
+    // NCCL would be launched from autograd's device threads, on their streams: not done here.
+    LogInfo(
+        "on CUDA the gradient all-reduce runs after backward (--overlap-allreduce is for "
+        "CPU workers)");
+  } else if (options_.overlap_allreduce && !replica_->gradient_hooks()) {
+    LogWarning(absl::StrCat("the gradient all-reduce cannot overlap backward (",
+                            replica_->gradient_hooks_missing(), "): it runs after backward"));
+  }
   LogInfo(absl::StrCat(dataset_->size(), " samples (fingerprint ", dataset_->fingerprint(), "), ",
                        planner_->windows_per_epoch(), " windows per epoch"));
   return absl::OkStatus();
 }
 
-void Worker::HeartbeatLoop() {
-  while (!stop_heartbeats_.HasBeenNotified()) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(job_id_);
-    req.set_worker_id(WorkerId());
-    req.set_applied_update_id(applied_update_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (dataset_report_.samples() > 0 && !last_heartbeat_.dataset_accepted()) {
-        *req.mutable_dataset() = dataset_report_;
-      }
-    }
-    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
-    if (r.ok()) {
-      if (Terminal(r->job_state())) job_over_ = true;
-      NoteAssignment(*r);
-      absl::MutexLock lock(&mu_);
-      last_heartbeat_ = *r;
-    } else if (r.status().code() == absl::StatusCode::kNotFound && req.worker_id() == WorkerId()) {
-      // Declared lost (its lease expired: a partition, a pause of this process). Its replica
-      // is intact: take a new identity and rejoin as a standby; the window in flight was
-      // aborted for everyone, so nothing is lost.
-      LogWarning(absl::StrCat(r.status().message(), "; registering again to rejoin"));
-      if (absl::Status s = Register(); !s.ok()) {
-        LogError(s.ToString());
-        refused_ = true;
-        absl::MutexLock lock(&mu_);
-        last_heartbeat_.set_job_message(std::string(s.message()));
-      }
-    } else if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
-      // The dataset refused: this process cannot take part.
-      LogError(absl::StrCat("heartbeat refused: ", r.status().message()));
-      refused_ = true;
-      absl::MutexLock lock(&mu_);
-      last_heartbeat_.set_job_message(std::string(r.status().message()));
-    }
-    stop_heartbeats_.WaitForNotificationWithTimeout(heartbeat_every_);
-  }
-}
-
-void Worker::NoteAssignment(const v1::HeartbeatResponse& r) {
-  // -1: this worker is in no live generation (it broke, or re-formed without us).
-  current_generation_ = r.assigned() ? r.assignment().generation() : -1;
-}
-
-bool Worker::GenerationSuperseded() const {
-  const int64_t joined = joined_generation_.load();
-  return joined > 0 && current_generation_.load() != joined;
-}
-
-absl::StatusOr<v1::Assignment> Worker::AwaitAssignment(int64_t after_generation) {
-  while (true) {
-    if (refused_) {
-      absl::MutexLock lock(&mu_);
-      return absl::FailedPreconditionError(last_heartbeat_.job_message());
-    }
-    v1::HeartbeatRequest req;
-    req.set_job_id(job_id_);
-    req.set_worker_id(WorkerId());
-    req.set_applied_update_id(applied_update_);
-    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
-    if (r.ok()) {
-      if (Terminal(r->job_state())) {
-        job_over_ = true;
-        return absl::CancelledError(absl::StrCat("job ", v1::JobState_Name(r->job_state()),
-                                                 r->job_message().empty() ? "" : ": ",
-                                                 r->job_message()));
-      }
-      if (r->assigned() && r->assignment().generation() > after_generation) {
-        NoteAssignment(*r);
-        joined_generation_ = r->assignment().generation();
-        member_id_ = req.worker_id();
-        return r->assignment();
-      }
-    } else if (r.status().code() != absl::StatusCode::kUnavailable &&
-               r.status().code() != absl::StatusCode::kDeadlineExceeded &&
-               r.status().code() != absl::StatusCode::kNotFound) {
-      return r.status();  // NOT_FOUND: declared lost; the heartbeat thread registers again
-    }
-    Nap(absl::Milliseconds(50));
-  }
-}
-
 absl::Status Worker::SyncState(const v1::Assignment& a) {
   switch (a.state_source()) {
     case v1::Assignment::CHECKPOINT: {
-      ASSIGN_OR_RETURN(ckpt::LoadedCheckpoint c,
-                       ckpt::ReadCheckpoint(spec_.checkpoint().dir(), a.checkpoint_id()));
-      RETURN_IF_ERROR(replica_->Restore(c.model, c.optimizer));
+      absl::StatusOr<ckpt::LoadedCheckpoint> c =
+          ckpt::ReadCheckpoint(spec_.checkpoint().dir(), a.checkpoint_id());
+      if (!c.ok()) return OwnFailure(c.status());
+      RETURN_IF_ERROR(OwnFailure(replica_->Restore(c->model, c->optimizer)));
       LogInfo(absl::StrCat("restored checkpoint ", a.checkpoint_id(), " (update ",
-                           c.meta.optimizer_update_id, ") from ", c.path));
+                           c->meta.optimizer_update_id, ") from ", c->path));
       break;
     }
     case v1::Assignment::INIT: {
       // A rolled-back job restarts from fresh weights; a fresh job already has them.
-      if (applied_update_ != 0 || a.optimizer_update_id() != 0) {
+      if (link_->applied_update() != 0 || a.optimizer_update_id() != 0) {
         ASSIGN_OR_RETURN(replica_, Replica::Create(spec_, device_));
       }
       [[fallthrough]];
@@ -301,7 +216,7 @@ absl::Status Worker::SyncState(const v1::Assignment& a) {
       return absl::InvalidArgumentError("assignment without a state source");
   }
   replica_->ZeroGrad();
-  applied_update_ = a.optimizer_update_id();
+  link_->SetAppliedUpdate(a.optimizer_update_id());
   return absl::OkStatus();
 }
 
@@ -342,9 +257,9 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
 absl::Status Worker::AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path) {
   v1::AckCheckpointRequest ack;
   ack.set_job_id(job_id_);
-  // Read on the writer's thread: member_id_ changes only with a new assignment, and the
+  // Read on the writer's thread: member_id() changes only with a new assignment, and the
   // checkpoint in flight is flushed before the worker waits for one.
-  ack.set_worker_id(member_id_);
+  ack.set_worker_id(link_->member_id());
   ack.set_checkpoint_id(meta.checkpoint_id);
   ack.set_optimizer_update_id(meta.optimizer_update_id);
   ack.set_path(path);
@@ -354,63 +269,178 @@ absl::Status Worker::AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, int64_t window_id) {
-  const std::vector<std::vector<int64_t>> micro_batches =
-      planner_->RankMicroBatches(window_id, a.rank(), a.world_size());
-  int64_t units = 0;
-  for (const std::vector<int64_t>& mb : micro_batches) {
-    units += replica_->token_level() ? data::ValidTokens(*dataset_, mb)
-                                     : static_cast<int64_t>(mb.size());
+Worker::WindowPlan Worker::PlanWindow(const v1::Assignment& a, int64_t window_id) const {
+  WindowPlan plan;
+  plan.micro_batches = planner_->RankMicroBatches(window_id, a.rank(), a.world_size());
+  for (const std::vector<int64_t>& mb : plan.micro_batches) {
+    plan.units += replica_->token_level() ? data::ValidTokens(*dataset_, mb)
+                                          : static_cast<int64_t>(mb.size());
   }
+  return plan;
+}
+
+v1::BeginWindowRequest Worker::BeginRequest(const v1::Assignment& a, int64_t window_id,
+                                            int64_t units) const {
   v1::BeginWindowRequest begin;
   begin.set_job_id(job_id_);
-  begin.set_worker_id(member_id_);
+  begin.set_worker_id(link_->member_id());
   begin.set_generation(a.generation());
   begin.set_window_id(window_id);
   begin.set_rank(a.rank());
   begin.set_valid_units(units);
-  absl::StatusOr<v1::BeginWindowResponse> b = client_->BeginWindow(begin);
+  return begin;
+}
+
+bool Worker::PipelinesAfter(int64_t window_id, const v1::BeginWindowResponse& b) const {
+  if (!options_.pipeline_begin) return false;
+  // b.optimizer_update_id() is the update before this window; it makes at most one more.
+  const int64_t update_after = b.optimizer_update_id() + 1;
+  const v1::Stop& stop = spec_.stop();
+  if (stop.has_max_updates() && update_after >= stop.max_updates()) return false;
+  const int64_t total = JobTotalWindows(spec_, planner_->windows_per_epoch());
+  if (total > 0 && window_id >= total) return false;
+  // The coordinator holds the next begin barrier until an evaluation due after this window
+  // ends: the answer would come no sooner.
+  const int64_t eval_every = spec_.has_eval() ? spec_.eval().every_updates() : 0;
+  return !(eval_every > 0 && update_after % eval_every == 0);
+}
+
+// A BeginWindow sent ahead: the plan it reports, the call on its own thread, and its answer.
+struct Worker::NextBegin {
+  WindowPlan plan;
+  v1::BeginWindowRequest request;
+  CallCanceller cancel;
+  std::thread call;
+  // Written by `call` before it ends; read only once it is joined.
+  absl::StatusOr<v1::BeginWindowResponse> answer = absl::UnknownError("not answered");
+  std::string answered_by;  // the coordinator process when the answer came (heartbeats' view)
+};
+
+void Worker::SendNextBegin(const v1::Assignment& a, int64_t window_id) {
+  DropNextBegin();  // one in flight at most
+  auto next = std::make_unique<NextBegin>();
+  next->plan = PlanWindow(a, window_id);
+  next->request = BeginRequest(a, window_id, next->plan.units);
+  NextBegin* n = next.get();
+  // Joined before `next` or this Worker goes (TakeNextBegin, DropNextBegin).
+  n->call = std::thread([this, n] {
+    absl::StatusOr<v1::BeginWindowResponse> answer = client_->BeginWindow(n->request, &n->cancel);
+    // As a BeginWindow sent when the window starts: which coordinator answered decides whether
+    // a restart since then forgot this report (ResendBeginIfCoordinatorRestarted).
+    if (answer.ok()) n->answered_by = link_->Snapshot().coordinator_id;
+    n->answer = std::move(answer);
+  });
+  next_begin_ = std::move(next);
+}
+
+std::unique_ptr<Worker::NextBegin> Worker::TakeNextBegin(const v1::Assignment& a,
+                                                         int64_t window_id) {
+  if (next_begin_ == nullptr) return nullptr;
+  const v1::BeginWindowRequest& r = next_begin_->request;
+  // Its answer follows the previous window's decision: usable only once that decision was
+  // applied here, and only by the window and generation it was sent for.
+  if (r.generation() != a.generation() || r.window_id() != window_id || r.rank() != a.rank() ||
+      r.worker_id() != link_->member_id() || applied_window_ != window_id - 1) {
+    DropNextBegin();
+    return nullptr;
+  }
+  std::unique_ptr<NextBegin> next = std::move(next_begin_);
+  next->call.join();
+  return next;
+}
+
+void Worker::DropNextBegin() {
+  if (next_begin_ == nullptr) return;
+  next_begin_->cancel.Cancel();
+  next_begin_->call.join();
+  next_begin_.reset();
+}
+
+absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, int64_t window_id) {
+  WindowPlan plan;
+  v1::BeginWindowRequest begin;
+  absl::StatusOr<v1::BeginWindowResponse> b = absl::UnknownError("not sent");
+  std::string answered_by;
+  if (std::unique_ptr<NextBegin> sent = TakeNextBegin(a, window_id)) {
+    plan = std::move(sent->plan);
+    begin = std::move(sent->request);
+    b = std::move(sent->answer);
+    answered_by = std::move(sent->answered_by);
+  } else {
+    plan = PlanWindow(a, window_id);
+    begin = BeginRequest(a, window_id, plan.units);
+  }
+  // Not sent ahead, or that call failed (cancelled, unreachable): sent now. Idempotent: the
+  // same report is counted once.
+  if (!b.ok()) {
+    b = client_->BeginWindow(begin);
+    if (b.ok()) answered_by = link_->Snapshot().coordinator_id;
+  }
   if (!b.ok()) return AbortedOrError(b.status());
+  const std::vector<std::vector<int64_t>>& micro_batches = plan.micro_batches;
+  const int64_t units = plan.units;
   if (b->has_decision()) {  // ended at the barrier (nothing to train): nothing to undo
     replica_->ZeroGrad();
+    applied_window_ = window_id;
     return b->decision();
   }
+  // Past the barrier: the next window's n_r is known already, and its barrier can be waiting
+  // for this window's decision instead of after it.
+  if (PipelinesAfter(window_id, *b)) SendNextBegin(a, window_id + 1);
 
-  // Micro-steps 1..K: no collective call anywhere in here (no_sync).
-  const int64_t n = b->global_valid_units();
+  {
+    absl::MutexLock lock(&begin_mu_);
+    begun_ = begin;
+    begun_with_ = answered_by;
+  }
+  auto end_resend = absl::MakeCleanup([this] { EndBeginResend(); });  // on every way out
   const double scale = b->loss_scale();
-  double loss_sum = 0.0;
   MicroStepTimes total_times;
-  for (const std::vector<int64_t>& mb : micro_batches) {
-    data::MicroBatch batch = data::Collate(*dataset_, mb);
-    const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
-    const double multiplier =
-        BackwardMultiplier(spec_.loss().normalization(), scale, n, micro_units,
-                           spec_.batch().accumulation_steps(), a.world_size());
-    MicroStepTimes t;
-    ASSIGN_OR_RETURN(double l, replica_->MicroStep(batch, multiplier, &t));
-    loss_sum += l;
-    total_times.forward_seconds += t.forward_seconds;
-    total_times.backward_seconds += t.backward_seconds;
+  // The window's one synchronisation: bucketed all-reduce (SUM) of the accumulated grads,
+  // each bucket launched inside the last backward once its gradients are final (overlapped),
+  // or all after backward. Either way one pass, the same buckets, the same sums.
+  std::unique_ptr<PendingAllReduce> pending;
+  GradientReadyFn on_ready;
+  if (OverlapsAllReduce(window_id, a.rank())) {
+    pending = collective_->StartAllReduceSum(replica_->BucketGradients());
+    on_ready = [p = pending.get()](size_t position, const at::Tensor& grad) {
+      p->MarkReady(position, grad);
+    };
   }
-  for (int64_t w : spec_.debug().nonfinite_grad_windows()) {
-    if (w == window_id && a.rank() == 0) replica_->InjectNonFinite();
-  }
+  ASSIGN_OR_RETURN(const double loss_sum,
+                   RunMicroSteps(a, micro_batches, b->global_valid_units(), scale, &total_times,
+                                 pending != nullptr ? &on_ready : nullptr));
+  const absl::Time backward_end = absl::Now();
+  // Only a window that does not overlap: its gradients change before any bucket leaves.
+  if (pending == nullptr) faults_->BeforeAllReduce(window_id, a.rank(), *replica_);
 
-  // The window's one synchronisation: bucketed all-reduce (SUM) of the accumulated grads.
   const absl::Time reduce_start = absl::Now();
-  absl::StatusOr<AllReduceStats> reduced = collective_->AllReduceSum(replica_->Gradients());
+  absl::StatusOr<AllReduceStats> reduced =
+      pending != nullptr ? pending->Finish(replica_->BucketGradients())
+                         : collective_->AllReduceSum(replica_->BucketGradients());
+  {
+    // Past the all-reduce every rank passed the barrier: no report needs sending again (one
+    // already sent again is joined when the window ends).
+    absl::MutexLock lock(&begin_mu_);
+    begun_.reset();
+  }
   if (!reduced.ok()) return reduced.status();
+  // What the window waited for after backward; what ran behind backward is reported apart.
   const double reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
-  // Test-only desync: after the all-reduce (before it, the SUM would hand every rank the same
-  // nudge), so only this rank's gradient, and its reported norm, differ. Scaled by S: it is
-  // unscaled next.
-  if (options_.perturb_grad_window == window_id) replica_->PerturbGradient(1e-2 * scale);
-  const UnscaleResult check = replica_->UnscaleAndCheck(scale);
+  std::optional<double> overlapped_seconds;
+  if (pending != nullptr) {
+    const std::optional<absl::Time> first = pending->first_launch();
+    overlapped_seconds = first.has_value() && *first < backward_end
+                             ? absl::ToDoubleSeconds(backward_end - *first)
+                             : 0.0;
+  }
+  pending.reset();
+  faults_->AfterAllReduce(window_id, scale, *replica_);
+  const UnscaleResult check = replica_->UnscaleAndNorm(scale);
 
   v1::CompleteWindowRequest complete;
   complete.set_job_id(job_id_);
-  complete.set_worker_id(member_id_);
+  complete.set_worker_id(link_->member_id());
   complete.set_generation(a.generation());
   complete.set_window_id(window_id);
   complete.set_rank(a.rank());
@@ -424,13 +454,8 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
   if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
   const v1::WindowDecision& d = c->decision();
-  const absl::Time optimizer_start = absl::Now();
-  if (d.outcome() == v1::COMMIT) {
-    checkpoints_->BeforeParametersChange();  // a checkpoint still being copied sees no change
-    replica_->Commit(d.clip_coef(), d.learning_rate());
-  } else {
-    replica_->ZeroGrad();
-  }
+  ApplyDecision(d);
+  if (d.outcome() != v1::ABORT) applied_window_ = window_id;
   if (options_.metrics != nullptr) {
     options_.metrics->AddMicroSteps(static_cast<int64_t>(micro_batches.size()));
     options_.metrics->AddAllReduce(reduced->calls, reduced->bytes);
@@ -438,10 +463,76 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     options_.metrics->ObservePhase("forward", total_times.forward_seconds);
     options_.metrics->ObservePhase("backward", total_times.backward_seconds);
     options_.metrics->ObservePhase("allreduce", reduce_seconds);
-    options_.metrics->ObservePhase("optimizer",
-                                   absl::ToDoubleSeconds(absl::Now() - optimizer_start));
+    if (overlapped_seconds.has_value()) {
+      options_.metrics->ObservePhase("allreduce_overlapped", *overlapped_seconds);
+    }
   }
   return d;
+}
+
+bool Worker::OverlapsAllReduce(int64_t window_id, int32_t rank) const {
+  return options_.overlap_allreduce && !device_.is_cuda() && replica_->gradient_hooks() &&
+         !faults_->ChangesGradientsBeforeAllReduce(window_id, rank);
+}
+
+absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
+                                             const std::vector<std::vector<int64_t>>& micro_batches,
+                                             int64_t global_units, double loss_scale,
+                                             MicroStepTimes* times,
+                                             const GradientReadyFn* last_ready) {
+  // Micro-steps 1..K: no collective call anywhere in here (no_sync); the hooks of the last
+  // backward may launch buckets (its gradients are then final).
+  double loss_sum = 0.0;
+  for (size_t k = 0; k < micro_batches.size(); ++k) {
+    const std::vector<int64_t>& mb = micro_batches[k];
+    data::MicroBatch batch = data::Collate(*dataset_, mb);
+    const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
+    const double multiplier =
+        BackwardMultiplier(spec_.loss().normalization(), loss_scale, global_units, micro_units,
+                           spec_.batch().accumulation_steps(), a.world_size());
+    MicroStepTimes t;
+    ASSIGN_OR_RETURN(double l,
+                     replica_->MicroStep(batch, multiplier, &t,
+                                         k + 1 == micro_batches.size() ? last_ready : nullptr));
+    loss_sum += l;
+    times->forward_seconds += t.forward_seconds;
+    times->backward_seconds += t.backward_seconds;
+  }
+  return loss_sum;
+}
+
+void Worker::ResendBeginIfCoordinatorRestarted() {
+  absl::MutexLock lock(&begin_mu_);
+  if (!begun_.has_value() || begin_resend_.joinable() || begun_with_.empty()) return;
+  const std::string now_id = link_->Snapshot().coordinator_id;
+  if (now_id.empty() || now_id == begun_with_) return;
+  LogWarning(absl::StrCat("the coordinator restarted during window ", begun_->window_id(),
+                          ": sending its begin report again"));
+  // Idempotent: the restarted coordinator counts it once; its answer is not needed here.
+  begin_resend_ = std::thread([this, req = *begun_] { (void)client_->BeginWindow(req); });
+}
+
+void Worker::EndBeginResend() {
+  std::thread resend;
+  {
+    absl::MutexLock lock(&begin_mu_);
+    begun_.reset();
+    resend = std::move(begin_resend_);
+  }
+  if (resend.joinable()) resend.join();
+}
+
+void Worker::ApplyDecision(const v1::WindowDecision& d) {
+  const absl::Time start = absl::Now();
+  if (d.outcome() == v1::COMMIT) {
+    checkpoints_->BeforeParametersChange();  // a checkpoint still being copied sees no change
+    replica_->Commit(d.clip_coef(), d.learning_rate());
+  } else {
+    replica_->ZeroGrad();
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObservePhase("optimizer", absl::ToDoubleSeconds(absl::Now() - start));
+  }
 }
 
 absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
@@ -457,14 +548,10 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
     loss_sum += l;
     units += replica_->token_level() ? batch.valid_tokens : batch.samples;
   }
-  if (options_.exit_in_eval_update == update_id) {
-    LogWarning(
-        absl::StrCat("--debug-exit-in-eval: exiting in the evaluation of update ", update_id));
-    _exit(3);
-  }
+  faults_->InEval(update_id);
   v1::ReportEvalRequest req;
   req.set_job_id(job_id_);
-  req.set_worker_id(member_id_);
+  req.set_worker_id(link_->member_id());
   req.set_generation(a.generation());
   req.set_rank(a.rank());
   req.set_optimizer_update_id(update_id);
@@ -478,7 +565,21 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Worker::GenerationEnd> Worker::JoinAndRun(const v1::Assignment& a) {
+  collective_.reset();
+  absl::StatusOr<std::unique_ptr<Collective>> c =
+      Collective::Connect(shared_client_, job_id_, a, options_.collective);
+  if (!c.ok()) return RejoinOrFail(c.status(), "joining the collective");
+  collective_ = std::move(*c);
+  if (absl::Status s = SyncState(a); !s.ok()) return RejoinOrFail(s, "state sync");
+  return RunGeneration(a);
+}
+
 absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment& a) {
+  // The replica holds the state from before a.next_window_id(). A BeginWindow sent ahead
+  // never outlives the generation (abort, rollback, the stop, an error): its answer is dropped.
+  applied_window_ = a.next_window_id() - 1;
+  auto drop_next_begin = absl::MakeCleanup([this] { DropNextBegin(); });
   // The coordinator's word on the latest evaluation (a rollback may have erased ours).
   if (a.has_last_eval_loss()) {
     last_eval_.emplace(a.last_eval_update_id(), a.last_eval_loss());
@@ -489,11 +590,7 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
   // and a pending final checkpoint should carry its result.
   if (a.has_pending_eval_update_id()) {
     if (absl::Status s = RunEval(a, a.pending_eval_update_id()); !s.ok()) {
-      if (IsRejoinable(s) || s.code() == absl::StatusCode::kNotFound) {
-        LogWarning(absl::StrCat("eval: ", s.message(), "; rejoining"));
-        return GenerationEnd::kRejoin;
-      }
-      return s;
+      return RejoinOrFail(s, "eval");
     }
   }
   if (a.rank() == 0 && a.has_pending_checkpoint_id()) {
@@ -504,29 +601,19 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
     absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
     if (!d.ok()) {
       replica_->ZeroGrad();
-      // NOT_FOUND: this identity was declared lost; rejoin under the new one.
-      if (IsRejoinable(d.status()) || d.status().code() == absl::StatusCode::kNotFound) {
-        LogWarning(absl::StrCat("window ", window, ": ", d.status().message(), "; rejoining"));
-        return GenerationEnd::kRejoin;
-      }
-      return d.status();
+      return RejoinOrFail(d.status(), absl::StrCat("window ", window));
     }
     if (d->outcome() == v1::ABORT) {
       replica_->ZeroGrad();  // nothing of an aborted window is kept
       LogWarning(absl::StrCat("window ", window, " aborted (", d->reason(), "); rejoining"));
       return GenerationEnd::kRejoin;
     }
-    applied_update_ = d->optimizer_update_id();
+    link_->SetAppliedUpdate(d->optimizer_update_id());
     if (d->run_eval()) {
       // Like a window: a rank lost during the evaluation aborts it for everyone (the barrier
       // answers ABORTED) and the next generation evaluates the same weights again.
       if (absl::Status s = RunEval(a, d->optimizer_update_id()); !s.ok()) {
-        if (IsRejoinable(s) || s.code() == absl::StatusCode::kNotFound) {
-          LogWarning(absl::StrCat("eval after update ", d->optimizer_update_id(), ": ", s.message(),
-                                  "; rejoining"));
-          return GenerationEnd::kRejoin;
-        }
-        return s;
+        return RejoinOrFail(s, absl::StrCat("eval after update ", d->optimizer_update_id()));
       }
     }
     if (d->write_checkpoint() && a.rank() == 0) {
@@ -535,27 +622,6 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
     }
     if (d->job_done()) return GenerationEnd::kJobDone;
   }
-}
-
-absl::Status Worker::AwaitJobEnd() {
-  // Rank 0 may still be writing the final checkpoint; everyone stays until the job ends,
-  // in case a survivor is needed to finish it.
-  const absl::Time give_up = absl::Now() + absl::Minutes(30);
-  while (!job_over_ && !refused_ && absl::Now() < give_up) {
-    v1::HeartbeatRequest req;
-    req.set_job_id(job_id_);
-    req.set_worker_id(WorkerId());
-    req.set_applied_update_id(applied_update_);
-    absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
-    if (r.ok()) {
-      if (Terminal(r->job_state())) job_over_ = true;
-      absl::MutexLock lock(&mu_);
-      last_heartbeat_ = *r;
-    }
-    if (!job_over_) Nap(absl::Milliseconds(50));
-  }
-  return job_over_ ? absl::OkStatus()
-                   : absl::DeadlineExceededError("the job did not end after its last window");
 }
 
 WorkerExit Worker::Run() {
@@ -575,33 +641,15 @@ WorkerExit Worker::RunOrThrow() {
   if (!setup.ok()) return {1, std::string(setup.message())};
   int64_t after = 0;
   while (true) {
-    absl::StatusOr<v1::Assignment> a = AwaitAssignment(after);
+    absl::StatusOr<v1::Assignment> a = link_->AwaitAssignment(after);
     if (!a.ok()) {
-      if (job_over_) break;
+      if (link_->Snapshot().job_over) break;
       return {1, std::string(a.status().message())};
     }
     LogInfo(absl::StrCat("generation ", a->generation(), ": rank ", a->rank(), " of ",
                          a->world_size(), ", from window ", a->next_window_id(), ", state from ",
                          v1::Assignment::StateSource_Name(a->state_source())));
-    collective_.reset();
-    absl::StatusOr<std::unique_ptr<Collective>> c =
-        Collective::Connect(client_.get(), job_id_, *a, options_.collective);
-    if (!c.ok()) {
-      LogWarning(std::string(c.status().message()));
-      after = a->generation();
-      continue;
-    }
-    collective_ = std::move(*c);
-    if (absl::Status s = SyncState(*a); !s.ok()) {
-      if (IsRejoinable(s)) {
-        LogWarning(absl::StrCat("state sync: ", s.message(), "; rejoining"));
-        after = a->generation();
-        continue;
-      }
-      Fail(s);
-      return {1, std::string(s.message())};
-    }
-    absl::StatusOr<GenerationEnd> end = RunGeneration(*a);
+    absl::StatusOr<GenerationEnd> end = JoinAndRun(*a);
     // Whatever ended the generation, the checkpoint in flight is finished first: the next
     // generation may restore the parameters in place, and a failed write fails the job.
     if (absl::Status written = checkpoints_->Flush(); !written.ok()) {
@@ -612,22 +660,25 @@ WorkerExit Worker::RunOrThrow() {
       }
     }
     if (!end.ok()) {
-      if (job_over_) break;
+      if (link_->Snapshot().job_over) break;
       Fail(end.status());
       return {1, std::string(end.status().message())};
     }
     if (*end == GenerationEnd::kJobDone) {
-      if (absl::Status s = AwaitJobEnd(); !s.ok()) return {1, std::string(s.message())};
+      // Rank 0 may still be writing the final checkpoint; everyone stays until the job ends,
+      // in case a survivor is needed to finish it.
+      if (absl::Status s = link_->AwaitJobEnd(absl::Minutes(30)); !s.ok()) {
+        return {1, std::string(s.message())};
+      }
       break;
     }
     after = a->generation();
   }
   collective_.reset();
-  absl::MutexLock lock(&mu_);
+  const HeartbeatSnapshot last = link_->Snapshot();
   std::string outcome =
-      absl::StrCat("job ", job_id_, " ended: ", v1::JobState_Name(last_heartbeat_.job_state()));
-  if (!last_heartbeat_.job_message().empty())
-    absl::StrAppend(&outcome, ": ", last_heartbeat_.job_message());
+      absl::StrCat("job ", job_id_, " ended: ", v1::JobState_Name(last.job_state));
+  if (!last.job_message.empty()) absl::StrAppend(&outcome, ": ", last.job_message);
   return {0, outcome};
 }
 

@@ -7,22 +7,23 @@
 #ifndef TRAINSTEP_WORKER_WORKER_H_
 #define TRAINSTEP_WORKER_WORKER_H_
 
-#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "common/allowed_roots.h"
 #include "common/worker_client.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/collective/collective.h"
+#include "worker/coordinator_link.h"
 #include "worker/cpu_info.h"
 #include "worker/data/dataset.h"
 #include "worker/data/window_plan.h"
+#include "worker/fault_hooks.h"
 #include "worker/metrics.h"
 #include "worker/replica.h"
 
@@ -32,17 +33,28 @@ struct WorkerOptions {
   std::string coordinator;  // host:port
   std::string job_id;       // empty: the oldest job that needs workers
   std::string name;         // for humans (pod name); default host-pid
+  // TLS files and bearer token for the coordinator (common/tls.h); default plaintext.
+  ChannelSecurity coordinator_security;
   // How long registration keeps trying an unreachable coordinator; 0 = forever.
   absl::Duration connect_timeout = absl::Minutes(2);
   CollectiveOptions collective;
+  // Start each gradient bucket's all-reduce inside the window's last backward, as soon as its
+  // gradients are final (--overlap-allreduce); false: after backward, as one pass. The same
+  // buckets and sums either way. CPU (Gloo) only: a CUDA worker always reduces after backward.
+  bool overlap_allreduce = true;
+  // Send the next window's BeginWindow (its token count depends on no weights) once this
+  // window passed its begin barrier, so that its answer comes with this window's decision
+  // (--pipeline-begin); false: each window's BeginWindow is sent when the window starts.
+  bool pipeline_begin = true;
   WorkerMetrics* metrics = nullptr;  // may be null
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
   // Where a job's data, model and checkpoints may be (--allowed-roots); none = anywhere.
   AllowedRoots allowed_roots;
-  // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
-  int64_t perturb_grad_window = 0;
-  // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.
-  int64_t exit_in_eval_update = 0;
+  FaultOptions faults;  // test-only injections (fault_hooks.h)
+  // The coordinator to talk to (not owned); null: a gRPC client of `coordinator`. Unit tests
+  // pass a fake one, and a fake clock for the waits that give up.
+  WorkerRpc* client = nullptr;
+  const Clock* clock = RealClock::Get();
 };
 
 // How the process should exit.
@@ -53,50 +65,78 @@ struct WorkerExit {
 
 class Worker {
  public:
+  // Outcome of running windows in one generation.
+  enum class GenerationEnd { kJobDone, kRejoin };
+
   explicit Worker(WorkerOptions options);
   ~Worker();
   WorkerExit Run();
 
  private:
-  // Outcome of running windows in one generation.
-  enum class GenerationEnd { kJobDone, kRejoin };
-
   WorkerExit RunOrThrow();
   absl::Status Setup();
-  // Registers (again, after being declared lost: a new identity under the same job) and
-  // makes the heartbeats report the dataset to the new identity.
-  absl::Status Register();
-  std::string WorkerId() const;
-  absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   absl::Status SyncState(const v1::Assignment& a);
+  // Joins the generation's collective, syncs the replica, then runs its windows.
+  absl::StatusOr<GenerationEnd> JoinAndRun(const v1::Assignment& a);
   absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);
   // One window; returns the decision (ABORT when the generation broke under it).
   absl::StatusOr<v1::WindowDecision> RunWindow(const v1::Assignment& a, int64_t window_id);
+  // This rank's micro-batches of a window and their valid units (n_r): no weights involved.
+  struct WindowPlan {
+    std::vector<std::vector<int64_t>> micro_batches;
+    int64_t units = 0;
+  };
+  WindowPlan PlanWindow(const v1::Assignment& a, int64_t window_id) const;
+  v1::BeginWindowRequest BeginRequest(const v1::Assignment& a, int64_t window_id,
+                                      int64_t units) const;
+  // Whether window_id + 1's BeginWindow is sent during window_id, whose begin barrier answered
+  // `b`: not when it cannot start then anyway (the stop may come after window_id, or an
+  // evaluation may be due).
+  bool PipelinesAfter(int64_t window_id, const v1::BeginWindowResponse& b) const;
+  // Plans window_id and sends its BeginWindow on a helper thread (one at most in flight).
+  void SendNextBegin(const v1::Assignment& a, int64_t window_id);
+  // The BeginWindow sent ahead for `window_id` of `a`, joined (its answer there), or null when
+  // none was sent for it or the previous window's decision was not applied here; anything
+  // else in flight is dropped.
+  struct NextBegin;
+  std::unique_ptr<NextBegin> TakeNextBegin(const v1::Assignment& a, int64_t window_id);
+  // Cancels and joins a BeginWindow sent ahead, if any; its answer is discarded.
+  void DropNextBegin();
+  // This rank's forward/backward passes of a window; returns Σ loss. No collective call, but
+  // the last backward passes each gradient to `last_ready` (if any) once it is final.
+  absl::StatusOr<double> RunMicroSteps(const v1::Assignment& a,
+                                       const std::vector<std::vector<int64_t>>& micro_batches,
+                                       int64_t global_units, double loss_scale,
+                                       MicroStepTimes* times,
+                                       const GradientReadyFn* last_ready = nullptr);
+  // Whether this window's all-reduce starts inside its last backward (overlap_allreduce).
+  bool OverlapsAllReduce(int64_t window_id, int32_t rank) const;
+  // The coordinator's decision: COMMIT steps the optimizer; SKIP and ABORT keep nothing.
+  void ApplyDecision(const v1::WindowDecision& d);
   // Held-out evaluation of the replica (at `update_id`) on this rank's share of spec.eval.data,
   // reported to the eval barrier; ABORTED when the generation broke meanwhile.
   absl::Status RunEval(const v1::Assignment& a, int64_t update_id);
   absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                int64_t scheduler_step, double loss_scale);
   absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
-  absl::Status AwaitJobEnd();
-  void HeartbeatLoop();
-  // Waits (barriers, the collective's rendezvous) give up once the coordinator's heartbeat
-  // answers show the generation this worker joined is no longer the current one.
-  void NoteAssignment(const v1::HeartbeatResponse& r);
-  bool GenerationSuperseded() const;
   void Fail(const absl::Status& status);
+  // While this rank is past the begin barrier of a window (computing, in the all-reduce): if
+  // the coordinator restarted meanwhile it forgot that report, and the ranks still waiting at
+  // the barrier would wait for ever; the report is sent again, once, on its own thread.
+  void ResendBeginIfCoordinatorRestarted();
+  void EndBeginResend();  // joins that thread, if any (it ends with the barrier)
 
   WorkerOptions options_;
-  std::unique_ptr<WorkerClient> client_;
-  mutable absl::Mutex mu_;
-  std::string worker_id_ ABSL_GUARDED_BY(mu_);  // changes when the worker registers again
-  // The identity the current generation's assignment was given to (main thread only): its
-  // reports keep using it, so that a worker declared lost meanwhile is refused (NOT_FOUND)
-  // and rejoins instead of reporting under an identity that has no rank.
-  std::string member_id_;
-  std::string job_id_;
-  v1::JobSpec spec_;
-  absl::Duration heartbeat_every_ = absl::Seconds(1);
+  // Shared with the collective's store: a Gloo connect given up when its generation ended
+  // finishes on its own thread, and may still call the coordinator after this Worker is gone.
+  // Does not own options.client.
+  std::shared_ptr<WorkerRpc> shared_client_;
+  WorkerRpc* client_ = nullptr;
+  // Registration, the heartbeats and what they say (coordinator_link.h); set by Setup().
+  std::unique_ptr<CoordinatorLink> link_;
+  std::unique_ptr<FaultHooks> faults_;  // set by Setup()
+  std::string job_id_;                  // link_'s, once registered
+  v1::JobSpec spec_;                    // link_'s, once registered
   std::optional<data::Dataset> dataset_;
   std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
   // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.
@@ -107,16 +147,17 @@ class Worker {
   std::unique_ptr<CheckpointWriter> checkpoints_;  // rank 0 writes; set by Setup()
   at::Device device_ = at::kCPU;
 
-  std::atomic<int64_t> applied_update_{0};
-  std::atomic<bool> job_over_{false};
-  // The coordinator refused this worker for good (a different dataset, the job gone).
-  std::atomic<bool> refused_{false};
-  std::atomic<int64_t> joined_generation_{0};   // the generation this worker last joined
-  std::atomic<int64_t> current_generation_{0};  // as the latest heartbeat answer says
-  absl::Notification stop_heartbeats_;
-  std::thread heartbeats_;
-  v1::HeartbeatResponse last_heartbeat_ ABSL_GUARDED_BY(mu_);
-  v1::DatasetInfo dataset_report_ ABSL_GUARDED_BY(mu_);  // set once the data is loaded
+  absl::Mutex begin_mu_;  // the training thread and the collective's keep_waiting callers
+  std::optional<v1::BeginWindowRequest> begun_ ABSL_GUARDED_BY(begin_mu_);
+  std::string begun_with_ ABSL_GUARDED_BY(begin_mu_);  // the coordinator that answered it
+  std::thread begin_resend_ ABSL_GUARDED_BY(begin_mu_);
+
+  // The next window's BeginWindow in flight on its own thread (pipeline_begin); training
+  // thread only. Never outlives its generation: dropped (cancelled, joined) on every way out
+  // of RunGeneration, and by the destructor.
+  std::unique_ptr<NextBegin> next_begin_;
+  // The last window whose decision this replica applied, in the generation it runs.
+  int64_t applied_window_ = 0;
 };
 
 }  // namespace trainstep

@@ -111,7 +111,7 @@ echo "coordinator on $TRAINSTEP_COORDINATOR (log: $OUT/logs/coordinator.log)" >&
 JOB=$("$BIN/trainstep" job submit "$SPEC") || exit $?
 echo "submitted $JOB" >&2
 if [ -z "$WORKERS" ]; then
-  WORKERS=$("$BIN/trainstep" job get "$JOB" -o json | tr -d ' \n' | sed -n 's/.*"workers":{"count":\([0-9]*\)}.*/\1/p')
+  WORKERS=$("$BIN/trainstep" job get "$JOB" -o json | tr -d ' \n' | sed -n 's/.*"workers":{"count":\([0-9]*\).*/\1/p')
   WORKERS=${WORKERS:-1}
 fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every benchmark (`make bench`): the coordinator's (step machine, loopback window round
-# trip), the token-file check (tokens_bench) and the worker's (trainstep W=2 vs a plain
-# LibTorch loop vs PyTorch DDP), keeps their console output, and ends with one summary.
+# trip, the round with ranks as processes beside a Gloo scalar all-reduce), the token-file
+# check (tokens_bench) and the worker's (trainstep W=2 vs a plain LibTorch loop vs PyTorch
+# DDP), keeps their console output, and ends with one summary.
 # Builds nothing: run `make build` first.
 # BUILD_DIR (default build) picks the build; extra arguments go to the worker benchmark
 # (tests/bench/worker/worker_bench.py --help). See BENCHMARKS.md.
@@ -48,6 +49,17 @@ for b in step_machine_bench loopback_bench tokens_bench; do
     FAILED=1
   fi
 done
+
+# The window round trip with ranks as processes, beside a Gloo scalar all-reduce (issue 16).
+if [ -x "$BUILD_DIR/bench/coordination_rank" ]; then
+  if run_bench coordination_bench "$LOG_DIR/coordination_bench.log" /usr/bin/python3 \
+      "$ROOT/tests/bench/coordination_bench.py" --build-dir "$BUILD_DIR" --breakdown; then
+    while read -r line; do SUMMARY+=("  $line"); done < <(grep -E '^\| [0-9]' "$LOG_DIR/coordination_bench.log" | head -3)
+  fi
+else
+  SUMMARY+=("coordination_bench: not built ($BUILD_DIR/bench/coordination_rank missing: run \`make build\`)")
+  FAILED=1
+fi
 
 if [ -x "$BUILD_DIR/bench/plain_loop_bench" ]; then
   if run_bench worker_bench "$LOG_DIR/worker_bench.log" /usr/bin/python3 \

@@ -173,13 +173,14 @@ TEST_F(ProtocolTest, SchedulerFollowsCommittedUpdates) {
   EXPECT_LE(RelativeDifference(Latest(cosine.checkpoint_dir, 6), ref.final_params), kTolerance);
 }
 
-// The buckets of DDP's rule (≤ 25 MiB each, in parameter order, a bigger tensor alone) for
-// fp32 tensors of these element counts.
+// The buckets of DDP's rule (≤ 25 MiB each, in reverse parameter order, a bigger tensor
+// alone) for fp32 tensors of these element counts, given in parameter order.
 int Buckets(const std::vector<int64_t>& numels) {
   const int64_t cap = 25 * 1024 * 1024;
   int buckets = 0;
   int64_t bytes = 0;
-  for (int64_t n : numels) {
+  for (auto it = numels.rbegin(); it != numels.rend(); ++it) {
+    const int64_t n = *it;
     if (buckets == 0 || bytes + 4 * n > cap) {
       ++buckets;
       bytes = 0;

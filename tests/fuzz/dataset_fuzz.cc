@@ -45,8 +45,8 @@ void Write(const std::string& path, const std::string& bytes) {
 
 void Run(FuzzInput& in) {
   const bool jsonl = in.Bool();
-  const bool torchscript = in.Bool();  // Else tiny_gpt.
-  const int64_t vocab = torchscript ? in.Range(1, 300) : 256;
+  const bool torchscript = in.Bool();                          // Else tiny_gpt.
+  const int64_t vocab = torchscript ? in.Range(2, 300) : 256;  // the resolver refuses < 2
   const int64_t seq_len = in.Range(2, 64);
   const std::string model =
       torchscript ? absl::StrCat(R"({"torchscript":{"path":"/m.pt","vocab_size":)", vocab, "}}")

@@ -6,6 +6,10 @@
 # A crash, leak, sanitizer report, timeout or out-of-memory fails the run and names the input
 # that caused it (fuzz-out/<target>/crash-*); to keep it as a regression test, copy it into
 # tests/fuzz/corpus/<target>/ (ctest fuzz_corpus_<target> replays it in every build).
+# FUZZ_SEED=N fixes libFuzzer's seed (CI's); the same binary with the same seed and inputs
+# explores the same way, but another build (another path, compiler, library) explores
+# otherwise, so a failure is reproduced from its input, which a failure prints in base64.
+# Unset, every run explores anew.
 #   tests/fuzz/run.sh BUILD_DIR [SECONDS] [JOBS]
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,15 +31,16 @@ fi
 run_one() {
   local t=$1 dir="$OUT/$1"
   mkdir -p "$dir/corpus"
-  local dict=()
+  local dict=() seed=()
   [ -f "$ROOT/tests/fuzz/$t.dict" ] && dict=(-dict="$ROOT/tests/fuzz/$t.dict")
-  "$BUILD_DIR/fuzz/${t}_fuzz" "$dir/corpus" "$ROOT/tests/fuzz/corpus/$t" "${dict[@]}" \
+  [ -n "${FUZZ_SEED:-}" ] && seed=(-seed="$FUZZ_SEED")
+  "$BUILD_DIR/fuzz/${t}_fuzz" "$dir/corpus" "$ROOT/tests/fuzz/corpus/$t" "${dict[@]}" "${seed[@]}" \
     -max_total_time="$SECONDS_EACH" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$dir/" >"$dir/log" 2>&1
   echo $? >"$dir/rc"
 }
 export -f run_one
-export BUILD_DIR OUT ROOT SECONDS_EACH
+export BUILD_DIR OUT ROOT SECONDS_EACH FUZZ_SEED
 
 echo "fuzz: ${#TARGETS[@]} targets × ${SECONDS_EACH} s, ${JOBS} at a time; logs in $OUT/<target>/log"
 rm -f "$OUT"/*/rc "$OUT"/*/crash-* "$OUT"/*/leak-* "$OUT"/*/timeout-* "$OUT"/*/oom-* 2>/dev/null
@@ -51,8 +56,14 @@ for t in "${TARGETS[@]}"; do
     echo "fuzz: $t: ok, ${runs:-?} runs, ${cov:-cov: ?}, corpus $(ls "$dir/corpus" | wc -l) new inputs"
   else
     failed=$((failed + 1))
-    echo "fuzz: $t: FAILED (exit $rc) after ${runs:-?} runs; input: $(ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* 2>/dev/null | head -1)"
+    input=$(ls "$dir"/crash-* "$dir"/leak-* "$dir"/timeout-* "$dir"/oom-* 2>/dev/null | head -1)
+    echo "fuzz: $t: FAILED (exit $rc) after ${runs:-?} runs; input: ${input:-none written}"
     grep -E -A 30 'ERROR: |invariant failed|runtime error|deadly signal' "$dir/log" | head -50
+    # The input itself, so that a failure seen only in a log (CI's) can be replayed anywhere:
+    #   base64 -d > x <<< '...'; BUILD_DIR/fuzz/<target>_fuzz x
+    if [ -n "$input" ] && [ "$(stat -c %s "$input")" -le 65536 ]; then
+      echo "fuzz: $t: the input, base64: $(base64 -w0 "$input")"
+    fi
   fi
 done
 echo "fuzz: $((${#TARGETS[@]} - failed)) passed, $failed failed"

@@ -20,6 +20,19 @@
 namespace trainstep {
 namespace {
 
+// Under ASan or TSan, RSS says nothing about the store's limits (see its one use).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kUnderSanitizer = true;
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+
 using testing::BinDir;
 using testing::ProcessCluster;
 using testing::RunToExit;
@@ -117,7 +130,14 @@ TEST(LimitsProcessTest, StoreLimitsHoldUnderTheProbesLoad) {
   EXPECT_NE(refused.error_message().find("--store-max-bytes"), std::string::npos)
       << refused.error_message();
   const int64_t grown = RssBytes((*c)->coordinator_pid()) - rss_before;
-  EXPECT_LT(grown, 140 << 20) << "RSS grew by " << grown << " bytes";  // the probe: 176 MB
+  if (kUnderSanitizer) {
+    // ASan keeps freed blocks in quarantine (256 MB), so the refused megabytes stay resident;
+    // TSan keeps shadow memory for every byte written (the coordinator grew 222 MB here).
+    // RSS says nothing about the limit there; the refusals above still do.
+    std::cout << "RSS bound not checked under a sanitizer\n";
+  } else {
+    EXPECT_LT(grown, 140 << 20) << "RSS grew by " << grown << " bytes";  // the probe: 176 MB
+  }
   std::cout << "coordinator RSS " << rss_before / 1'000'000 << " MB -> "
             << (rss_before + grown) / 1'000'000 << " MB after 201 x 1 MB StoreSet (" << stored
             << " stored)\n";

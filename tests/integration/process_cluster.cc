@@ -107,7 +107,8 @@ absl::StatusOr<pid_t> ProcessCluster::Spawn(const std::vector<std::string>& argv
 
 absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(
     const std::string& dir, absl::Duration worker_lease,
-    const std::vector<std::string>& coordinator_flags, bool keep_state) {
+    const std::vector<std::string>& coordinator_flags, bool keep_state,
+    const ChannelSecurity& security) {
   std::unique_ptr<ProcessCluster> c(new ProcessCluster());
   c->dir_ = dir;
   if (!keep_state) std::filesystem::remove_all(dir);
@@ -148,13 +149,14 @@ absl::StatusOr<std::unique_ptr<ProcessCluster>> ProcessCluster::Start(
     const std::string text = ReadFile(ports);
     port = field(text, "grpc_port");
     c->metrics_port_ = field(text, "metrics_port");
+    c->health_port_ = field(text, "health_port");
     if (port == 0) Nap(absl::Milliseconds(20));
   }
   if (port == 0) {
     return absl::DeadlineExceededError(absl::StrCat("the coordinator did not start:\n", c->Logs()));
   }
   c->address_ = absl::StrCat("127.0.0.1:", port);
-  c->jobs_ = v1::JobService::NewStub(MakeChannel(c->address_));
+  c->jobs_ = v1::JobService::NewStub(MakeChannel(c->address_, security));
   return c;
 }
 

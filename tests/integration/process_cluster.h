@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 
 namespace trainstep::testing {
@@ -33,14 +34,17 @@ absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::s
 class ProcessCluster {
  public:
   // Starts trainstep-coordinator with its state in `dir` (created, emptied first unless
-  // `keep_state`: a restart over the same journal), with extra coordinator flags.
+  // `keep_state`: a restart over the same journal), with extra coordinator flags (later ones
+  // win: "--listen=0.0.0.0:0" replaces the default). jobs() connects with `security`.
   static absl::StatusOr<std::unique_ptr<ProcessCluster>> Start(
       const std::string& dir, absl::Duration worker_lease = absl::Seconds(10),
-      const std::vector<std::string>& coordinator_flags = {}, bool keep_state = false);
+      const std::vector<std::string>& coordinator_flags = {}, bool keep_state = false,
+      const ChannelSecurity& security = {});
   ~ProcessCluster();
 
   const std::string& address() const { return address_; }
   int metrics_port() const { return metrics_port_; }
+  int health_port() const { return health_port_; }  // 0 without --health-listen
   pid_t coordinator_pid() const { return coordinator_; }
   const std::string& dir() const { return dir_; }
   v1::JobService::Stub* jobs() { return jobs_.get(); }
@@ -67,6 +71,7 @@ class ProcessCluster {
   std::string dir_;
   std::string address_;
   int metrics_port_ = 0;
+  int health_port_ = 0;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;
   std::vector<std::string> logs_;

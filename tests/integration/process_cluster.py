@@ -48,7 +48,7 @@ def wait_until(predicate, timeout, what, interval=0.05):
 
 
 class ProcessCluster:
-    def __init__(self, name, worker_lease_ms=10000):
+    def __init__(self, name, worker_lease_ms=10000, coordinator_flags=()):
         self.dir = tempfile.mkdtemp(prefix=f"trainstep-py-{name}-")
         self._procs = []  # (Popen, log path)
         self.workers = []
@@ -57,7 +57,7 @@ class ProcessCluster:
             [os.path.join(BIN_DIR, "trainstep-coordinator"), "--listen", "127.0.0.1:0",
              "--state-dir", os.path.join(self.dir, "state"), "--metrics-listen", "127.0.0.1:0",
              "--port-file", ports, f"--worker-lease-ms={worker_lease_ms}",
-             "--shutdown-grace-ms=200"], "coordinator.log")
+             "--shutdown-grace-ms=200", *coordinator_flags], "coordinator.log")
 
         def port():
             try:
@@ -97,10 +97,12 @@ class ProcessCluster:
         """Any other process the test needs killed at the end (its log: log_name)."""
         return self._spawn(argv, log_name, env)
 
-    def cli(self, *args, timeout=60):
-        """The `trainstep` CLI against this coordinator: CompletedProcess (text)."""
+    def cli(self, *args, timeout=60, env=None):
+        """The `trainstep` CLI against this coordinator: CompletedProcess (text). `env`:
+        variables added to this process's environment."""
         return subprocess.run([os.path.join(BIN_DIR, "trainstep"), *args, "--coordinator",
-                               self.address], capture_output=True, text=True, timeout=timeout)
+                               self.address], capture_output=True, text=True, timeout=timeout,
+                              env=None if env is None else {**os.environ, **env})
 
     def wait_for_workers(self, timeout=60):
         """Exit codes of every started worker; a worker still running after `timeout` is

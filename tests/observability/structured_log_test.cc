@@ -72,6 +72,7 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
   std::map<std::pair<int64_t, int64_t>, Value> windows;  // (generation, window_id) → line
   std::map<int64_t, Value> evals;                        // optimizer_update_id → eval line
   int other_lines = 0;
+  int generations = 0;
   for (const std::string& line : lines) {
     absl::StatusOr<Value> v = ParseJson(line);
     ASSERT_TRUE(v.ok()) << v.status();
@@ -103,6 +104,13 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
       EXPECT_TRUE(evals.emplace(update, *v).second) << "evaluation logged twice: " << line;
       continue;
     }
+    if (event->string_value() == "generation_formed") {  // who trains, and from what state
+      for (const char* key : {"generation", "worker_ids", "assignment", "rolled_back"}) {
+        ASSERT_NE(JsonPath(*v, {key}), nullptr) << key << " missing in " << line;
+      }
+      ++generations;
+      continue;
+    }
     ASSERT_EQ(event->string_value(), "window_ended") << line;
     // Every field of the per-update record, by its .proto name.
     const google::protobuf::Descriptor* d = v1::UpdateRecord::descriptor();
@@ -116,6 +124,7 @@ TEST_F(StructuredLogTest, JsonEveryLineParsesAndWindowsCarryTheRecord) {
     EXPECT_TRUE(windows.emplace(key, *v).second) << "window logged twice: " << line;
   }
   EXPECT_GT(other_lines, 0) << "no ordinary lines (listening, submitted, stopped)";
+  EXPECT_GT(generations, 0) << "no generation_formed event";
 
   // One line per record of the per-update log, with the same values; an evaluated record's
   // eval fields are on its eval line (the window line was written before the evaluation).

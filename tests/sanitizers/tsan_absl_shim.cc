@@ -46,6 +46,14 @@ const void* NotificationOf(const std::atomic<bool>* flag) {
   return reinterpret_cast<const char*>(flag) - kFlagOffset;
 }
 
+// Abseil's deadlock detector keeps a global lock-order graph behind an internal spinlock that
+// TSan cannot see, so every access to it is reported as a race. It looks for lock-order
+// cycles, not data races, and the ordinary `make test` runs keep it as Abseil sets it; only
+// the processes this library is preloaded into run without it.
+__attribute__((constructor)) void DisableAbseilDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
 }  // namespace
 
 using absl::Condition;

@@ -1,7 +1,6 @@
 #include "worker/checkpoint/checkpoint_meta.h"
 
 #include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <charconv>
 #include <cmath>
@@ -130,16 +129,8 @@ absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
 }
 
 absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
-  if (absl::Status s = internal::CheckJsonNesting(json, 1); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("meta.json: ", s.message()));
-  }
-  google::protobuf::Struct s;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &s);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("meta.json is not valid JSON: ", parsed.message().as_string()));
-  }
+  ASSIGN_OR_RETURN(const google::protobuf::Struct s,
+                   internal::ParseJsonObject(json, /*max_depth=*/1, "meta.json"));
   // Unknown keys are ignored, so a newer writer may add fields.
   CheckpointMeta m;
   ASSIGN_OR_RETURN(m.job_id, MetaString(s, "job_id"));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <tuple>
 #include <utility>
 
@@ -152,12 +153,16 @@ absl::StatusOr<Metadata> ParseMetadata(const Value& value) {
   if (value.kind_case() != Value::kStructValue) {
     return absl::InvalidArgumentError("\"__metadata__\" is not a JSON object");
   }
-  for (const auto& [key, v] : value.struct_value().fields()) {
-    if (v.kind_case() != Value::kStringValue) {
+  // In key order: protobuf's map iterates in an order that differs from one parse to the
+  // next, and which bad value is named must not (the safetensors fuzzer's finding).
+  std::map<std::string, const Value*> by_key;
+  for (const auto& [key, v] : value.struct_value().fields()) by_key.emplace(key, &v);
+  for (const auto& [key, v] : by_key) {
+    if (v->kind_case() != Value::kStringValue) {
       return absl::InvalidArgumentError(
           absl::StrCat("\"__metadata__\" value of ", QuotedName(key), " is not a string"));
     }
-    metadata.emplace(key, v.string_value());
+    metadata.emplace(key, v->string_value());
   }
   return metadata;
 }
@@ -216,17 +221,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
   SafetensorsHeader out;
   out.data = bytes.substr(8 + n);
 
-  if (absl::Status s = internal::CheckJsonNesting(json, kMaxHeaderNesting); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("header is invalid: ", s.message()));
-  }
-  google::protobuf::Struct header;
-  // The parser reads std::string; absl::string_view is not std::string_view in this Abseil.
-  const auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &header);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header is not valid JSON: ", parsed.message().as_string()));
-  }
+  ASSIGN_OR_RETURN(const google::protobuf::Struct header,
+                   internal::ParseJsonObject(json, kMaxHeaderNesting, "header"));
 
   // Sorted names: the first error reported does not depend on hash-map order.
   std::vector<std::string> names;
@@ -323,6 +319,22 @@ absl::Status CheckJsonNesting(absl::string_view text, int max_depth) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<google::protobuf::Struct> ParseJsonObject(absl::string_view json, int max_depth,
+                                                         absl::string_view what) {
+  if (absl::Status s = CheckJsonNesting(json, max_depth); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is invalid: ", s.message()));
+  }
+  google::protobuf::Struct object;
+  // The parser reads std::string; absl::string_view is not std::string_view in this Abseil.
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &object);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not valid JSON: ", parsed.message().as_string()));
+  }
+  return object;
 }
 
 bool IsValidUtf8(absl::string_view s) {

@@ -9,6 +9,8 @@
 #ifndef TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
 #define TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
 
+#include <google/protobuf/struct.pb.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -74,6 +76,12 @@ absl::Status TensorError(absl::string_view name, absl::string_view problem);
 // JSON parser takes minutes on deeply nested input, so hostile text is bounded by a linear
 // scan first. Other syntax errors are left to the parser.
 absl::Status CheckJsonNesting(absl::string_view text, int max_depth);
+
+// A JSON object read from a file (`what` names it in errors: "header", "meta.json"), nesting
+// bounded by CheckJsonNesting first. INVALID_ARGUMENT "<what> is invalid: JSON nests deeper
+// …" or "<what> is not valid JSON: …".
+absl::StatusOr<google::protobuf::Struct> ParseJsonObject(absl::string_view json, int max_depth,
+                                                         absl::string_view what);
 
 // Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
 bool IsValidUtf8(absl::string_view s);

@@ -23,9 +23,9 @@ T OrThrow(absl::StatusOr<T> r, const std::string& what) {
 
 }  // namespace
 
-CoordinatorStore::CoordinatorStore(WorkerClient* client, std::string job_id,
+CoordinatorStore::CoordinatorStore(std::shared_ptr<WorkerRpc> client, std::string job_id,
                                    std::chrono::milliseconds timeout)
-    : c10d::Store(timeout), client_(client), job_id_(std::move(job_id)) {}
+    : c10d::Store(timeout), client_(std::move(client)), job_id_(std::move(job_id)) {}
 
 void CoordinatorStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   absl::Status s = client_->StoreSet(job_id_, key, ToString(value));

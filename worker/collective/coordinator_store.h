@@ -4,6 +4,7 @@
 #ifndef TRAINSTEP_WORKER_COLLECTIVE_COORDINATOR_STORE_H_
 #define TRAINSTEP_WORKER_COLLECTIVE_COORDINATOR_STORE_H_
 
+#include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
@@ -16,7 +17,9 @@ namespace trainstep {
 // c10::Error, which is what c10d expects from a Store.
 class CoordinatorStore : public c10d::Store {
  public:
-  CoordinatorStore(WorkerClient* client, std::string job_id, std::chrono::milliseconds timeout);
+  // Shares `client`: a group given up while connecting keeps using the store on its own thread.
+  CoordinatorStore(std::shared_ptr<WorkerRpc> client, std::string job_id,
+                   std::chrono::milliseconds timeout);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
@@ -31,7 +34,7 @@ class CoordinatorStore : public c10d::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  WorkerClient* client_;
+  std::shared_ptr<WorkerRpc> client_;
   std::string job_id_;
 };
 

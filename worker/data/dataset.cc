@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/env.h"
+#include "common/fnv1a.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "google/protobuf/struct.pb.h"
@@ -34,15 +35,9 @@ namespace pb = ::google::protobuf;
 // Fingerprint: FNV-1a 64, little-endian fixed-width fields, lengths before contents so that
 // moving a token from one sample to the next changes the hash.
 
-class Fnv1a64 {
+class FingerprintHasher {
  public:
-  void Bytes(const void* data, size_t n) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      h_ ^= p[i];
-      h_ *= 0x100000001b3ULL;
-    }
-  }
+  void Bytes(const void* data, size_t n) { h_ = Fnv1a64(data, n, h_); }
   void U64(uint64_t v) {
     unsigned char b[8];
     for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -68,11 +63,11 @@ class Fnv1a64 {
   uint64_t value() const { return h_; }
 
  private:
-  uint64_t h_ = 0xcbf29ce484222325ULL;
+  uint64_t h_ = kFnv1a64Offset;
 };
 
 std::string Fingerprint(const std::vector<Sample>& samples) {
-  Fnv1a64 h;
+  FingerprintHasher h;
   h.U64(samples.size());
   for (const Sample& s : samples) {
     h.Ints(s.input_ids);

@@ -11,10 +11,12 @@ python3-protobuf. See README.md ("Python client").
 """
 
 from trainstep.errors import (InvalidArgument, InvalidSpec, JobCancelled, JobFailed, NoProgress,
-                              NotFound, RequestIdConflict, TrainstepError, Unavailable)
+                              NotFound, PermissionDenied, RequestIdConflict, TrainstepError,
+                              Unauthenticated, Unavailable)
 from trainstep.client import DEFAULT_ADDRESS, Client
 
 __all__ = [
     "Client", "DEFAULT_ADDRESS", "TrainstepError", "InvalidArgument", "InvalidSpec",
     "RequestIdConflict", "Unavailable", "NotFound", "JobFailed", "JobCancelled", "NoProgress",
+    "Unauthenticated", "PermissionDenied",
 ]

@@ -25,9 +25,10 @@ except ImportError as e:  # pragma: no cover - only without a build
         f"client/python/trainstep/v1/ ({e})") from e
 
 from trainstep import errors
+from trainstep._security import Security
 from trainstep._convert import message_to_dict, record_to_dict, spec_to_json
 
-# Same as the CLI (client/args.h kDefaultCoordinator).
+# Same as the CLI and the workers (common/address.h kDefaultCoordinator).
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 # The coordinator's receive limit (common/worker_client.h kMaxMessageBytes).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -45,7 +46,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 250),
 ]
 
 _ENDED = (_types.SUCCEEDED, _types.FAILED, _types.CANCELLED)
@@ -67,11 +68,18 @@ class Client:
     timeout: seconds each call may take (the CLI's --timeout, default 10). Within it, calls
       that find no coordinator (UNAVAILABLE) are retried with backoff; a submit or cancel
       retries with the same request id, so a retry never creates a second job.
+    tls_ca, tls_cert, tls_key: PEM files, as the CLI's --tls-ca, --tls-cert, --tls-key
+      (defaults $TRAINSTEP_TLS_CA, $TRAINSTEP_TLS_CERT, $TRAINSTEP_TLS_KEY). With tls_ca the
+      channel is TLS, the coordinator verified against it; tls_cert and tls_key add a client
+      certificate (mTLS). Without any: plaintext.
+    token / token_file: a bearer token sent on every call (default $TRAINSTEP_TOKEN), as the
+      CLI's --token-file; needs tls_ca. Bad options raise InvalidArgument, as the CLI's exit 2.
 
     Use as a context manager, or call close(), to release the channel.
     """
 
-    def __init__(self, address=None, *, timeout=10.0):
+    def __init__(self, address=None, *, timeout=10.0, tls_ca=None, tls_cert=None, tls_key=None,
+                 token=None, token_file=None):
         if address is None:
             address = os.environ.get("TRAINSTEP_COORDINATOR") or DEFAULT_ADDRESS
         if not isinstance(address, str) or not address:
@@ -81,7 +89,8 @@ class Client:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.address = address
         self.timeout = float(timeout)
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._security = Security(tls_ca, tls_cert, tls_key, token, token_file)
+        self._channel = self._security.channel(address, _CHANNEL_OPTIONS)
         self._stub = _grpc.JobServiceStub(self._channel)
 
     def __repr__(self):
@@ -182,6 +191,7 @@ class Client:
         last_job_bytes = None
         last_progress = time.monotonic()
         broken_since = None
+        said = None  # the failure to report if the stream stays broken
         while True:
             request = _pb.WatchJobRequest(
                 job_id=job_id, from_window_id=last_record[1] if last_record else 0)
@@ -192,6 +202,7 @@ class Client:
             try:
                 for event in call:
                     broken_since = None
+                    said = None
                     if event.HasField("job"):
                         seen = event.job.SerializeToString(deterministic=True)
                         if seen != last_job_bytes:
@@ -220,9 +231,11 @@ class Client:
                 if code in _RETRYABLE or code == grpc.StatusCode.CANCELLED:
                     if broken_since is None:
                         broken_since = time.monotonic()
+                    said = self._telling(said, e)
                     if time.monotonic() - broken_since < self.timeout:
                         time.sleep(_WATCH_RETRY_DELAY)
                         continue
+                    e = said
                 raise self._error(e) from None
             finally:
                 call.cancel()  # no-op when it ended; frees it when the caller stops early
@@ -282,7 +295,7 @@ class Client:
                 return rpc(request, timeout=max(remaining, 0.001))
             except grpc.RpcError as e:
                 if e.code() in _RETRYABLE:
-                    unavailable = e
+                    unavailable = e = self._telling(unavailable, e)
                 elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and unavailable is not None:
                     e = unavailable  # the deadline passed while retrying: still unreachable
                 pause = delay * random.uniform(0.5, 1.0)
@@ -290,6 +303,14 @@ class Client:
                     raise self._error(e, submitting) from None
             time.sleep(pause)
             delay = min(delay * 2, 2.0)
+
+    def _telling(self, kept, e):
+        """Of two failed attempts, the one to report: the first that shows a TLS problem
+        (later attempts, cut short by the deadline, say only "handshaker shutdown"), else the
+        latest."""
+        if kept is not None and self._security.explain(kept.details() or "", self.address):
+            return kept
+        return e
 
     def _error(self, e, submitting=False):
         """The exception for a failed call: client/commands.cc ReportRpcError's classes."""
@@ -311,7 +332,12 @@ class Client:
             return errors.NotFound(details, code)
         if code == grpc.StatusCode.UNAVAILABLE:
             return errors.Unavailable(
+                self._security.explain(details, self.address) or
                 f"coordinator at {self.address} is not reachable: {hint}", code)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return errors.Unauthenticated(f"not authenticated: {details}", code)
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return errors.PermissionDenied(f"permission denied: {details}", code)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return errors.Unavailable(
                 f"coordinator at {self.address} did not answer within {_seconds(self.timeout)} "

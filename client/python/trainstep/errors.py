@@ -13,7 +13,9 @@ status code when a call failed (`code`, else None) and the message the CLI print
     ├── NotFound              4  unknown job
     ├── JobFailed             5  watch: the job FAILED (`job` holds it, `str(e)` its message)
     ├── JobCancelled          6  watch: the job was CANCELLED
-    └── NoProgress            7  watch(no_progress_timeout=...): nothing new for that long
+    ├── NoProgress            7  watch(no_progress_timeout=...): nothing new for that long
+    ├── Unauthenticated       8  UNAUTHENTICATED: no credential, or one the coordinator refuses
+    └── PermissionDenied      8  PERMISSION_DENIED: the principal's roles do not allow the call
 
 The mapping mirrors client/commands.cc (ReportRpcError, ExitCodeOfJob); the integration
 test compares the two on the same failures.
@@ -85,3 +87,17 @@ class NoProgress(TrainstepError):
     def __init__(self, message, job=None):
         super().__init__(message)
         self.job = job
+
+
+class Unauthenticated(TrainstepError):
+    """The coordinator wants a credential (a client certificate or a bearer token) and got
+    none it accepts. The message says which."""
+
+    exit_code = 8
+
+
+class PermissionDenied(TrainstepError):
+    """The caller is known, but its roles do not allow this call (e.g. a viewer's submit, a
+    submitter's cancel of another principal's job)."""
+
+    exit_code = 8

@@ -6,6 +6,7 @@ windows and micro-batch shapes, in one run, interleaved per precision row.
   tests/bench/worker/worker_bench.py [--build-dir build] [--reps 3] [--windows 16] [--skip 5]
                                      [--blas-dir DIR]
                                      [--contention] [--plain-default-malloc]
+                                     [--compare-overlap]
 
 Expects `make build` (trainstep-coordinator, trainstep-worker, trainstep, and
 bench/plain_loop_bench). Every system gets one compute thread per process and the same BLAS
@@ -24,7 +25,9 @@ repetition, then the median:
 Diagnostics (not part of the ratios): the trainstep workers' phase times (their /metrics),
 their CPU use; with --contention, (a)x2 — two copies of (a) at once — which shows what
 sharing the machine's cores costs any two processes, protocol or not; with
---plain-default-malloc, (a) with glibc's default malloc settings. See BENCHMARKS.md.
+--plain-default-malloc, (a) with glibc's default malloc settings; with --compare-overlap,
+trainstep again with --overlap-allreduce=false (the all-reduce after backward instead of
+overlapped with the last backward). See BENCHMARKS.md.
 """
 import argparse
 import ctypes
@@ -241,14 +244,15 @@ def phase_sums(text):
     return out
 
 
-def run_trainstep(args, spec_path, out_dir, env):
+def run_trainstep(args, spec_path, out_dir, env, worker_flags=()):
     # A fresh directory: launch.sh would read a previous run's coordinator.ports.
     shutil.rmtree(out_dir, ignore_errors=True)
     watch = ProcWatch(out_dir, args.skip, args.accumulation_steps)
     watch.start()
     start = time.time()
+    flags = [a for f in worker_flags for a in ("--worker-flag", f)]
     r = subprocess.run([os.path.join(ROOT, "deploy/local/launch.sh"), "--spec", spec_path,
-                        "--out", out_dir, "--bin", os.path.join(args.build_dir, "bin")],
+                        "--out", out_dir, "--bin", os.path.join(args.build_dir, "bin")] + flags,
                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.time() - start
     watch.stop()
@@ -395,6 +399,9 @@ def main():
                    help="also run (a)x2: two copies of (a) at once")
     p.add_argument("--plain-default-malloc", action="store_true",
                    help="also run (a) with glibc's default malloc settings")
+    p.add_argument("--compare-overlap", action="store_true",
+                   help="also run trainstep with --overlap-allreduce=false (all-reduce after "
+                        "backward)")
     args = p.parse_args()
     args.build_dir = os.path.abspath(args.build_dir)
     become_subreaper()
@@ -436,6 +443,10 @@ def main():
             if args.contention:
                 systems.append(("plain_x2", lambda: run_plain(
                     args, spec_path, os.path.join(args.out_dir, f"plain2-{tag}.jsonl"), copies=2)))
+            if args.compare_overlap:
+                systems.append(("trainstep_no_overlap", lambda: run_trainstep(
+                    args, spec_path, os.path.join(args.out_dir, f"ts-no-overlap-{tag}"), env,
+                    worker_flags=("--overlap-allreduce=false",))))
             if args.plain_default_malloc:
                 systems.append(("plain_glibc", lambda: run_plain(
                     args, spec_path, os.path.join(args.out_dir, f"plain-glibc-{tag}.jsonl"),
@@ -457,6 +468,7 @@ def main():
                   f"({ts['per_worker_tokens_per_s']:.0f}/worker)"
                   f"{'*' if ts['foreign_cores'] > args.max_foreign_cores else ''} "
                   f"[others {ts['foreign_cores']:.2f} cores]" + show("plain", "(a)") + show("ddp", "(b)")
+                  + show("trainstep_no_overlap", "trainstep no overlap")
                   + show("plain_x2", "(a)x2", "/copy") + show("plain_glibc", "(a) glibc malloc")
                   + f"; row {r['row_seconds']:.0f} s", flush=True)
             libs = {name: x["blas"] for name, x in r.items()
@@ -506,7 +518,7 @@ def main():
             "trainstep": ts, "per_worker": ts / args.workers, "plain": a, "ddp": b,
             "ratio_plain": statistics.median(rp), "ratio_ddp": statistics.median(rb),
             "ratio_plain_each": rp, "ratio_ddp_each": rb}
-        for extra in ("plain_x2", "plain_glibc"):
+        for extra in ("plain_x2", "plain_glibc", "trainstep_no_overlap"):
             if extra in rows[0]:
                 sm[extra] = med(rows, extra, "tokens_per_s")
                 sm[extra + "_over_plain_each"] = ratios(rows, extra, "plain")
@@ -520,24 +532,37 @@ def main():
         if "plain_glibc" in sm:
             print(f"  {precision} diagnostic: (a) with glibc's default malloc {sm['plain_glibc']:.0f} "
                   f"tok/s, {fmt(sm['plain_glibc_over_plain_each'])} of (a)")
+        if "trainstep_no_overlap" in sm:
+            over = ratios(results[precision], "trainstep", "trainstep_no_overlap")
+            print(f"  {precision} overlap: trainstep {sm['trainstep']:.0f} tok/s overlapped vs "
+                  f"{sm['trainstep_no_overlap']:.0f} with --overlap-allreduce=false: "
+                  f"{fmt(over)} (> 1: overlapping helps)")
     print()
     print("Where a window's time goes (seconds per window, medians over repetitions; trainstep "
           "phases from the workers' /metrics, averaged over both workers):")
     for precision, rows in results.items():
-        phase = {p: statistics.median(r["trainstep"]["phase_seconds_per_window"].get(p, 0.0)
-                                      for r in rows)
-                 for p in ("forward", "backward", "allreduce", "optimizer")}
-        wall = med(rows, "trainstep", "seconds_per_window")
-        coord = med(rows, "trainstep", "coordinator_window_seconds")
-        ts = rows[len(rows) // 2]["trainstep"]
-        print(f"  {precision} trainstep: {wall:.4f} = forward {phase['forward']:.4f} + backward "
-              f"{phase['backward']:.4f} + allreduce {phase['allreduce']:.4f} + optimizer "
-              f"{phase['optimizer']:.4f} + other {wall - sum(phase.values()):.4f} (RPC barriers, "
-              f"planning, collate, unscale/check/norm); coordinator's window_seconds {coord:.4f}; "
-              f"allreduce calls per window {ts['allreduce_calls']}; worker CPU "
-              f"{[round(c['cpu_seconds'], 1) for c in ts['worker_cpu']]} s in "
-              f"{ts['wall_seconds']:.0f} s wall (start-up included), threads "
-              f"{[c['threads'] for c in ts['worker_cpu']]}")
+        for system in ("trainstep", "trainstep_no_overlap"):
+            if system not in rows[0]:
+                continue
+            phase = {p: statistics.median(r[system]["phase_seconds_per_window"].get(p, 0.0)
+                                          for r in rows)
+                     for p in ("forward", "backward", "allreduce", "optimizer")}
+            # Part of backward's time, not added: the all-reduce in flight behind backward.
+            hidden = statistics.median(
+                r[system]["phase_seconds_per_window"].get("allreduce_overlapped", 0.0)
+                for r in rows)
+            wall = med(rows, system, "seconds_per_window")
+            coord = med(rows, system, "coordinator_window_seconds")
+            ts = rows[len(rows) // 2][system]
+            print(f"  {precision} {system}: {wall:.4f} = forward {phase['forward']:.4f} + "
+                  f"backward {phase['backward']:.4f} (all-reduce in flight behind it "
+                  f"{hidden:.4f}) + allreduce wait {phase['allreduce']:.4f} + optimizer "
+                  f"{phase['optimizer']:.4f} + other {wall - sum(phase.values()):.4f} (RPC "
+                  f"barriers, planning, collate, unscale/check/norm); coordinator's window_seconds "
+                  f"{coord:.4f}; allreduce calls per window {ts['allreduce_calls']}; worker CPU "
+                  f"{[round(c['cpu_seconds'], 1) for c in ts['worker_cpu']]} s in "
+                  f"{ts['wall_seconds']:.0f} s wall (start-up included), threads "
+                  f"{[c['threads'] for c in ts['worker_cpu']]}")
         print(f"  {precision} (a), {args.workers}x a worker's share per window: "
               f"{med(rows, 'plain', 'seconds_per_window'):.4f} = forward+backward "
               f"{med(rows, 'plain', 'compute_seconds_per_window'):.4f} + AdamW step "

@@ -203,6 +203,23 @@ CliResult Cli(const std::vector<std::string>& args) {
   return {rc, out.str(), err.str()};
 }
 
+// Catches: the TLS and token flags refused on some commands, swapped, or an empty one taken
+// for "not given" (which would fall back to the environment silently).
+TEST(ArgsTest, TlsAndTokenFlagsAreGlobal) {
+  Invocation i = MustRun({"--tls-ca", "ca.crt", "job", "list", "--tls-cert=c.crt", "--tls-key",
+                          "c.key", "--token-file", "tok"});
+  EXPECT_EQ(i.security.tls_ca, "ca.crt");
+  EXPECT_EQ(i.security.tls_cert, "c.crt");
+  EXPECT_EQ(i.security.tls_key, "c.key");
+  EXPECT_EQ(i.security.token_file, "tok");
+  EXPECT_EQ(MustRun({"job", "list"}).security.tls_ca, "");
+  ParsedArgs p = Parse({"job", "list", "--tls-ca="});
+  EXPECT_EQ(p.kind, Kind::kUsageError);
+  EXPECT_NE(p.text.find("need a file"), std::string::npos) << p.text;
+  EXPECT_NE(UsageText("").find("TRAINSTEP_TOKEN"), std::string::npos);
+  EXPECT_NE(UsageText("").find("8  denied"), std::string::npos);
+}
+
 // Catches: help printed on stderr or with a non-zero code; usage errors on stdout.
 TEST(CliTest, HelpOnStdoutUsageErrorsOnStderr) {
   CliResult r = Cli({"job", "watch", "--help"});
@@ -215,6 +232,25 @@ TEST(CliTest, HelpOnStdoutUsageErrorsOnStderr) {
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("error: unknown verb \"frobnicate\""), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("\033["), std::string::npos);  // not a terminal: no colour
+}
+
+// Catches: a token that would go out in plaintext (no CA), or a TLS file that cannot be
+// read, found only at the first call instead of refused as usage (exit 2) before connecting.
+TEST(CliTest, SecurityFromFlagsAndEnvironmentIsCheckedBeforeConnecting) {
+  ProcessEnvironment env;
+  env.security_env = [](const char* name) {
+    return std::string(name) == "TRAINSTEP_TOKEN" ? "secret-token" : "";
+  };
+  std::istringstream in;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCli({"job", "list"}, env, in, out, err), kExitUsage);
+  EXPECT_NE(err.str().find("TRAINSTEP_TOKEN needs TLS"), std::string::npos) << err.str();
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunCli({"job", "list", "--tls-ca", "/nonexistent/ca.crt"}, ProcessEnvironment(), in,
+                   out2, err2),
+            kExitUsage);
+  EXPECT_NE(err2.str().find("--tls-ca /nonexistent/ca.crt: cannot read it"), std::string::npos)
+      << err2.str();
 }
 
 }  // namespace

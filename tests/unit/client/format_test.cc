@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +15,18 @@
 
 namespace trainstep::client {
 namespace {
+
+// Catches: a state name that differs from the proto's, or an unset or unknown state printed as
+// the proto's "JOB_STATE_UNSPECIFIED" or as nothing.
+TEST(FormatTest, JobStateName) {
+  EXPECT_EQ(JobStateName(v1::PENDING), "PENDING");
+  EXPECT_EQ(JobStateName(v1::RUNNING), "RUNNING");
+  EXPECT_EQ(JobStateName(v1::SUCCEEDED), "SUCCEEDED");
+  EXPECT_EQ(JobStateName(v1::FAILED), "FAILED");
+  EXPECT_EQ(JobStateName(v1::CANCELLED), "CANCELLED");
+  EXPECT_EQ(JobStateName(v1::JOB_STATE_UNSPECIFIED), "UNKNOWN");
+  EXPECT_EQ(JobStateName(static_cast<v1::JobState>(99)), "UNKNOWN");
+}
 
 // Catches: raw seconds ("80s"), zero-padded or sign-carrying durations.
 TEST(FormatTest, ShortDuration) {
@@ -84,6 +97,16 @@ TEST(FormatTest, ProgressLineWithoutMax) {
   v.loss.reset();
   v.unit = "samples";
   EXPECT_EQ(ProgressLine(v), "update 120  loss -  scale 65536  lr 8.0e-04  skipped 2");
+}
+
+// Catches a job short of workers that looks merely slow on the live line (issue 14).
+TEST(FormatTest, ProgressLineSaysWhatAJobWaitsFor) {
+  ProgressView v = SampleView();
+  v.waiting = "waiting for workers: 1 available, workers.min is 2 (workers.count 3)";
+  EXPECT_EQ(ProgressLine(v),
+            "update 120/200 [#######.....] 3.1k tok/s  loss 2.314  scale 65536  lr 8.0e-04  "
+            "skipped 2  ETA 1m20s  (waiting for workers: 1 available, workers.min is 2 "
+            "(workers.count 3))");
 }
 
 TEST(FormatTest, ProgressBar) {
@@ -283,6 +306,9 @@ TEST(ProgressTrackerTest, EpochBoundJobCountsWindows) {
   EXPECT_EQ(v.total, 100);
   EXPECT_EQ(v.unit, "tok");
   EXPECT_EQ(MaxUpdates(job), 100);
+  // A huge stop.epochs saturates instead of overflowing.
+  job.mutable_spec()->mutable_stop()->set_epochs(std::numeric_limits<int64_t>::max() / 2);
+  EXPECT_EQ(MaxUpdates(job), std::numeric_limits<int64_t>::max());
   job.mutable_progress()->set_windows_per_epoch(0);
   EXPECT_EQ(MaxUpdates(job), 0);  // dataset not reported yet
 }

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -52,7 +54,7 @@ constexpr char kFull[] = R"({
                   "growth_interval": 10, "hysteresis": 2, "min_scale": 1},
   "stop": {"max_updates": 50, "epochs": 2},
   "checkpoint": {"dir": "/ckpt", "every_updates": 10, "keep_last": 0},
-  "workers": {"count": 1024},
+  "workers": {"count": 1024, "min": 3, "join_grace": "1.500s"},
   "debug": {"nonfinite_grad_windows": [1, 7]}
 })";
 
@@ -205,6 +207,8 @@ TEST(SpecTest, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(s.checkpoint().every_updates(), 100);
   EXPECT_EQ(s.checkpoint().keep_last(), 3);
   EXPECT_EQ(s.workers().count(), 1);
+  EXPECT_EQ(s.workers().min(), 1);  // min follows count: no elasticity unless asked
+  EXPECT_EQ(s.workers().join_grace().seconds(), 30);
   EXPECT_TRUE(s.debug().nonfinite_grad_windows().empty());
   EXPECT_TRUE(IsTokenLevel(s));
   EXPECT_EQ(GlobalBatchSamples(s), 8);
@@ -727,6 +731,16 @@ std::vector<RuleCase> RuleCases() {
       // More workers than supported.
       {"WorkersTooMany", Text(R"("workers":{"count":1025})"),
        "workers.count must be ≤ 1024, got 1025"},
+      // Elastic: fewer than one rank, or a minimum above the target world size.
+      {"WorkersMinZero", Text(R"("workers":{"count":2,"min":0})"),
+       "workers.min must be ≥ 1, got 0"},
+      {"WorkersMinAboveCount", Text(R"("workers":{"count":2,"min":3})"),
+       "workers.min must be ≤ 2, got 3"},
+      // A negative grace, or one over a day.
+      {"JoinGraceNegative", Text(R"("workers":{"count":2,"join_grace":"-1s"})"),
+       "workers.join_grace must be between 0s and 86400s, got -1s"},
+      {"JoinGraceTooLong", Text(R"("workers":{"count":2,"join_grace":"86401s"})"),
+       "workers.join_grace must be between 0s and 86400s, got 86401s"},
 
       // Window ids start at 1.
       {"NonfiniteWindowZero", Text(R"("debug":{"nonfinite_grad_windows":[0]})"),
@@ -962,6 +976,30 @@ TEST(SpecTest, ResolvedSpecRoundTripsThroughJson) {
   }
 }
 
+// Catches the spec fuzzer's finding: protobuf prints -0.0 as "-0" and reads "-0" as +0, so a
+// spec holding -0.0 printed (for workers, `job get`) read back as another message, with
+// another hash. -0 now reads as 0, also inside repeated messages and in a spec that arrives
+// as a message rather than JSON.
+TEST(SpecTest, NegativeZeroReadsAsZeroSoPrintingRoundTrips) {
+  const v1::JobSpec parsed =
+      Parse(R"({"model":{"tiny_gpt":{}},"data":{"text":{"paths":["/usr/share/common-licenses"]}},)"
+            R"("clip":{"max_grad_norm":-0.0},"optimizer":{"adamw":{"lr":0.001,"weight_decay":-0},)"
+            R"("param_groups":[{"prefix":"embed","lr_scale":-0.0}]}})");
+  ASSERT_TRUE(parsed.clip().has_max_grad_norm());
+  EXPECT_FALSE(std::signbit(parsed.clip().max_grad_norm()));
+  EXPECT_FALSE(std::signbit(parsed.optimizer().adamw().weight_decay()));
+  ASSERT_EQ(parsed.optimizer().param_groups_size(), 1);
+  EXPECT_FALSE(std::signbit(parsed.optimizer().param_groups(0).lr_scale()));
+  EXPECT_EQ(Parse(JobSpecToJson(parsed)).SerializeAsString(), parsed.SerializeAsString());
+
+  v1::JobSpec message = Parse(kMinimal);
+  message.mutable_optimizer()->mutable_adamw()->set_weight_decay(-0.0);
+  absl::StatusOr<v1::JobSpec> resolved = ResolveJobSpec(message);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_FALSE(std::signbit(resolved->optimizer().adamw().weight_decay()));
+  EXPECT_EQ(Parse(JobSpecToJson(*resolved)).SerializeAsString(), resolved->SerializeAsString());
+}
+
 // Users read the written spec: .proto names and every default are shown.
 TEST(SpecTest, JsonUsesProtoNamesAndShowsDefaults) {
   const std::string compact = JobSpecToJson(Resolve(kMinimal));
@@ -1003,6 +1041,30 @@ TEST(SpecTest, GlobalBatchSamples) {
                 Resolve(Text(R"("batch":{"micro_batch_size":65536,"accumulation_steps":65536},)"
                              R"("workers":{"count":1024})"))),
             int64_t{65536} * 65536 * 1024);
+}
+
+// Catches: the loss scaler's exposed defaults (the coordinator's LossScalerConfig reads them)
+// drifting from what the resolver fills in.
+TEST(SpecTest, DefaultLossScalerIsWhatResolveFillsIn) {
+  v1::LossScaler resolved = Resolve(Text(R"("precision":"fp16")")).loss_scaler();
+  EXPECT_TRUE(resolved.enabled());
+  EXPECT_FALSE(DefaultLossScaler().has_enabled());  // it follows the precision
+  resolved.clear_enabled();
+  EXPECT_TRUE(MessageDifferencer::Equals(resolved, DefaultLossScaler()))
+      << resolved.DebugString() << DefaultLossScaler().DebugString();
+  EXPECT_EQ(DefaultLossScaler().init_scale(), 65536.0);
+}
+
+// Catches: a window total that wraps to a negative count (or traps) on a huge stop.epochs, and
+// one that counts epochs when only stop.max_updates bounds the job.
+TEST(SpecTest, JobTotalWindowsSaturates) {
+  EXPECT_EQ(JobTotalWindows(Resolve(Text(R"("stop":{"epochs":3})")), 50), 150);
+  EXPECT_EQ(JobTotalWindows(Resolve(Text(R"("stop":{"max_updates":7})")), 50), 0);
+  const v1::JobSpec huge = Resolve(Text(R"("stop":{"epochs":"9223372036854775807"})"));
+  EXPECT_EQ(JobTotalWindows(huge, 1), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(JobTotalWindows(huge, 2), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(JobTotalWindows(Resolve(Text(R"("stop":{"epochs":"4611686018427387904"})")), 3),
+            std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace

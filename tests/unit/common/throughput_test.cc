@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,19 @@ TEST(ThroughputTest, EtaFromEpochsCountsWindows) {
   EXPECT_DOUBLE_EQ(t.windows_per_second(), 1);
   ASSERT_TRUE(t.has_eta_seconds());
   EXPECT_DOUBLE_EQ(t.eta_seconds(), 20);  // 30 windows in all, 10 done, 1 a second
+}
+
+// Catches a window total that overflows on a huge stop.epochs: no ETA rather than a wrapped one.
+TEST(ThroughputTest, NoEtaForEpochsBeyondAnyHorizon) {
+  v1::Job job = RunningJob();
+  job.mutable_spec()->mutable_stop()->set_epochs(std::numeric_limits<int64_t>::max());
+  job.mutable_progress()->set_windows_per_epoch(15);
+  job.mutable_progress()->set_window_id(10);
+  std::vector<v1::UpdateRecord> log;
+  for (int i = 1; i <= 10; ++i) log.push_back(Record(absl::Seconds(i), "commit", 10));
+  v1::Throughput t = ComputeThroughput(log, job, kStart + absl::Seconds(10));
+  EXPECT_DOUBLE_EQ(t.windows_per_second(), 1);
+  EXPECT_FALSE(t.has_eta_seconds());
 }
 
 // Catches an ended job decaying to 0 as time passes: it is measured over its last minute.

@@ -11,18 +11,24 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/machine_test_util.h"
+#include "tests/unit/coordinator/recording_metrics.h"
+#include "tests/unit/coordinator/temp_sync_gate.h"
 
 namespace trainstep {
 namespace {
 
+using testing_util::RecordingMetrics;
 using testing_util::SpecJson;
 using testing_util::SpecOptions;
 
@@ -70,6 +76,7 @@ class CoordinatorTest : public ::testing::Test {
     Open();
   }
   void TearDown() override {
+    gate_.Release();  // A held snapshot fsync would make the coordinator's destructor wait.
     coordinator_.reset();
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -79,8 +86,9 @@ class CoordinatorTest : public ::testing::Test {
     CoordinatorOptions options;
     options.state_dir = dir_;
     options.clock = &clock_;
-    options.env = Env::Default();
+    options.env = env_;
     options.snapshot_every_records = snapshot_every_records_;
+    options.metrics = &metrics_;
     absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Open(options);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
@@ -101,6 +109,9 @@ class CoordinatorTest : public ::testing::Test {
   std::string Submit(int workers) {
     SpecOptions o;
     o.workers = workers;
+    return Submit(o);
+  }
+  std::string Submit(const SpecOptions& o) {
     v1::SubmitJobRequest req;
     req.set_spec_json(SpecJson(o));
     absl::StatusOr<v1::Job> job =
@@ -200,7 +211,10 @@ class CoordinatorTest : public ::testing::Test {
 
   std::string dir_;
   uint64_t snapshot_every_records_ = 10000;
+  TempSyncGate gate_{Env::Default()};  // outlives coordinator_
+  Env* env_ = Env::Default();          // &gate_ to hold snapshots
   FakeClock clock_;
+  RecordingMetrics metrics_;  // outlives coordinator_ (declared before it)
   std::unique_ptr<Coordinator> coordinator_;
 };
 
@@ -239,6 +253,213 @@ TEST_F(CoordinatorTest, BarrierAnswersOnlyWhenAllRanksCalled) {
   absl::StatusOr<v1::Job> j = GetJob(job);
   ASSERT_TRUE(j.ok());
   EXPECT_EQ(j->progress().optimizer_update_id(), 1);
+}
+
+// A BeginWindow for the window after the one in progress (a worker sends it ahead, pipelined)
+// is held, then answered in the round that journals the decision — with no further call — with
+// what follows the decision: the backed-off scale after a SKIP, the update id, scheduler step
+// and learning rate after a COMMIT.
+// Catches: a held begin answered before the decision (with the scale, lr or ids of before it),
+// or left waiting after it (answered only at some later change, or never).
+TEST_F(CoordinatorTest, HeldBeginIsAnsweredInTheDecisionsRoundWithWhatFollowsIt) {
+  SpecOptions o;
+  o.workers = 2;
+  o.precision = "fp16";
+  o.loss_scaler = R"({"init_scale":1024,"growth_interval":1000})";
+  o.max_updates = 100;
+  o.schedule = R"({"warmup_linear":{"warmup_updates":4,"total_updates":100}})";
+  const std::string job = Submit(o);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  Call<v1::BeginWindowResponse> b1[2];
+  for (int r = 0; r < 2; ++r) {
+    coordinator_->BeginWindow(Begin(job, ranks, r, 1, 10), b1[r].done(),
+                              std::make_shared<CallHandle>());
+  }
+  for (Call<v1::BeginWindowResponse>& b : b1) {
+    absl::StatusOr<v1::BeginWindowResponse> r = b.Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->loss_scale(), 1024);
+  }
+
+  // Window 2's begins, sent ahead while window 1 computes: held.
+  Call<v1::BeginWindowResponse> b2[2];
+  for (int r = 0; r < 2; ++r) {
+    coordinator_->BeginWindow(Begin(job, ranks, r, 2, 7), b2[r].done(),
+                              std::make_shared<CallHandle>());
+  }
+  EXPECT_FALSE(b2[0].answered());
+  EXPECT_FALSE(b2[1].answered());
+  // Window 1 overflows: SKIP, and the scale backs off.
+  Call<v1::CompleteWindowResponse> c1[2];
+  for (int r = 0; r < 2; ++r) {
+    v1::CompleteWindowRequest req = Complete(job, ranks, r, 1, 10);
+    req.set_found_inf(true);
+    coordinator_->CompleteWindow(req, c1[r].done(), nullptr);
+  }
+  for (Call<v1::CompleteWindowResponse>& c : c1) {
+    absl::StatusOr<v1::CompleteWindowResponse> r = c.Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->decision().outcome(), v1::SKIP);
+  }
+  // Nothing else happens before these answers: they come from the decision's round.
+  for (Call<v1::BeginWindowResponse>& b : b2) {
+    absl::StatusOr<v1::BeginWindowResponse> r = b.Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->has_decision());
+    EXPECT_EQ(r->global_valid_units(), 14);
+    EXPECT_EQ(r->loss_scale(), 512);
+    EXPECT_EQ(r->optimizer_update_id(), 0);
+    EXPECT_EQ(r->scheduler_step(), 0);
+    EXPECT_DOUBLE_EQ(r->learning_rate(), 0.1 * 0.25);
+  }
+
+  // Window 3's begins are held during window 2, which commits.
+  Call<v1::BeginWindowResponse> b3[2];
+  for (int r = 0; r < 2; ++r) {
+    coordinator_->BeginWindow(Begin(job, ranks, r, 3, 5), b3[r].done(),
+                              std::make_shared<CallHandle>());
+  }
+  Call<v1::CompleteWindowResponse> c2[2];
+  for (int r = 0; r < 2; ++r) {
+    coordinator_->CompleteWindow(Complete(job, ranks, r, 2, 7), c2[r].done(), nullptr);
+  }
+  for (Call<v1::CompleteWindowResponse>& c : c2) {
+    absl::StatusOr<v1::CompleteWindowResponse> r = c.Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->decision().outcome(), v1::COMMIT);
+  }
+  for (Call<v1::BeginWindowResponse>& b : b3) {
+    absl::StatusOr<v1::BeginWindowResponse> r = b.Get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_valid_units(), 10);
+    EXPECT_EQ(r->loss_scale(), 512);
+    EXPECT_EQ(r->optimizer_update_id(), 1);
+    EXPECT_EQ(r->scheduler_step(), 1);
+    EXPECT_DOUBLE_EQ(r->learning_rate(), 0.1 * 0.5);
+  }
+}
+
+// A held BeginWindow(w+1) whose window w aborts (a rank's lease expires) is answered ABORTED:
+// its generation is over; the new generation's window w is a new call. And one held when the
+// job's stop comes after w is answered FAILED_PRECONDITION.
+// Catches: a held begin answered as if it were the retried window's (OK, or a decision), or
+// left waiting when its window can never start.
+TEST_F(CoordinatorTest, HeldBeginIsAbortedWithItsWindowAndRefusedAfterTheStop) {
+  {
+    const std::string job = Submit(2);
+    const std::vector<std::string> ranks = StartWorkers(job, 2);
+    Call<v1::BeginWindowResponse> b1[2];
+    for (int r = 0; r < 2; ++r) {
+      coordinator_->BeginWindow(Begin(job, ranks, r, 1, 10), b1[r].done(), nullptr);
+    }
+    for (Call<v1::BeginWindowResponse>& b : b1) ASSERT_TRUE(b.Get().ok());
+    Call<v1::BeginWindowResponse> ahead;
+    coordinator_->BeginWindow(Begin(job, ranks, 0, 2, 10), ahead.done(),
+                              std::make_shared<CallHandle>());
+    EXPECT_FALSE(ahead.answered());
+    clock_.Advance(absl::Seconds(6));
+    ASSERT_TRUE(Heartbeat(job, ranks[0]).ok());
+    clock_.Advance(absl::Seconds(5));
+    coordinator_->Tick();  // rank 1's lease expired: window 1 aborts
+    absl::StatusOr<v1::BeginWindowResponse> r = ahead.Get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+    absl::StatusOr<v1::Job> j = GetJob(job);
+    ASSERT_TRUE(j.ok());
+    EXPECT_EQ(j->progress().windows_aborted(), 1);
+    EXPECT_EQ(j->progress().window_id(), 0);  // window 1 is retried, under its id
+  }
+  {
+    SpecOptions o;
+    o.workers = 2;
+    o.max_updates = 1;
+    const std::string job = Submit(o);
+    const std::vector<std::string> ranks = StartWorkers(job, 2);
+    Call<v1::BeginWindowResponse> b1[2];
+    for (int r = 0; r < 2; ++r) {
+      coordinator_->BeginWindow(Begin(job, ranks, r, 1, 10), b1[r].done(), nullptr);
+    }
+    for (Call<v1::BeginWindowResponse>& b : b1) ASSERT_TRUE(b.Get().ok());
+    Call<v1::BeginWindowResponse> ahead[2];
+    for (int r = 0; r < 2; ++r) {
+      coordinator_->BeginWindow(Begin(job, ranks, r, 2, 10), ahead[r].done(),
+                                std::make_shared<CallHandle>());
+    }
+    Call<v1::CompleteWindowResponse> c1[2];
+    for (int r = 0; r < 2; ++r) {
+      coordinator_->CompleteWindow(Complete(job, ranks, r, 1, 10), c1[r].done(), nullptr);
+    }
+    for (Call<v1::CompleteWindowResponse>& c : c1) {
+      absl::StatusOr<v1::CompleteWindowResponse> r = c.Get();
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->decision().job_done());
+    }
+    for (Call<v1::BeginWindowResponse>& b : ahead) {
+      absl::StatusOr<v1::BeginWindowResponse> r = b.Get();
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    }
+  }
+}
+
+// Catches: metrics fed out of journal order, with the job as it was before the record, or
+// missing records (the dashboards' update counter would disagree with `trainstep job get`).
+TEST_F(CoordinatorTest, MetricsSeeEveryRecordAfterItIsApplied) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  RunWindow(job, ranks, 1);
+  RunWindow(job, ranks, 2);
+  std::vector<int64_t> updates_seen;
+  bool submitted_first = false;
+  const std::vector<RecordingMetrics::Recorded> recorded = metrics_.records();
+  ASSERT_FALSE(recorded.empty());
+  submitted_first = recorded.front().record.has_job_submitted();
+  for (const RecordingMetrics::Recorded& r : recorded) {
+    if (r.record.has_window_ended()) {
+      updates_seen.push_back(r.job.progress().optimizer_update_id());
+      EXPECT_EQ(r.record.window_ended().decision().optimizer_update_id(),
+                r.job.progress().optimizer_update_id());
+    }
+  }
+  EXPECT_TRUE(submitted_first);
+  EXPECT_EQ(updates_seen, (std::vector<int64_t>{1, 2}));
+  // The journal fsyncs that made them durable were timed.
+  EXPECT_FALSE(metrics_.fsyncs().empty());
+}
+
+// Catches: the job-state gauge or the worker list not refreshed when a job or its
+// membership changes (a dashboard showing a running job as pending).
+TEST_F(CoordinatorTest, MetricsSeeJobStatesAndWorkers) {
+  const std::string job = Submit(2);
+  ASSERT_FALSE(metrics_.job_states().empty());
+  EXPECT_EQ(metrics_.job_states().back().size(), 1u);
+  EXPECT_EQ(metrics_.job_states().back()[0].state(), v1::PENDING);
+  StartWorkers(job, 2);
+  EXPECT_EQ(metrics_.job_states().back()[0].state(), v1::RUNNING);
+  EXPECT_EQ(metrics_.workers(job).size(), 2u);
+}
+
+// Catches: barrier waits not observed, or a refused call not counted.
+TEST_F(CoordinatorTest, MetricsSeeBarrierWaitsAndRejections) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  RunWindow(job, ranks, 1);
+  int begins = 0, completes = 0;
+  for (const auto& [phase, seconds] : metrics_.barrier_waits()) {
+    EXPECT_GE(seconds, 0.0);
+    begins += phase == "begin";
+    completes += phase == "complete";
+  }
+  EXPECT_EQ(begins, 2);
+  EXPECT_EQ(completes, 2);
+  // Window 1 again, in a generation that does not exist: refused and counted.
+  absl::StatusOr<v1::BeginWindowResponse> stale =
+      Sync<v1::BeginWindowResponse>([&](Done<v1::BeginWindowResponse> d) {
+        coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5, /*generation=*/7), std::move(d),
+                                  nullptr);
+      });
+  EXPECT_FALSE(stale.ok());
+  ASSERT_EQ(metrics_.rejected().size(), 1u);
+  EXPECT_EQ(metrics_.rejected()[0].first, "BeginWindow");
+  EXPECT_EQ(metrics_.rejected()[0].second, absl::StatusCodeToString(stale.status().code()));
 }
 
 // Catches: an abandoned call (deadline, client gone) that the coordinator keeps polling
@@ -328,17 +549,17 @@ TEST_F(CoordinatorTest, ReopenFromSnapshotAndLogTail) {
   const std::string job = Submit(2);
   const std::vector<std::string> ranks = StartWorkers(job, 2);
   RunWindow(job, ranks, 1);
-  coordinator_->Tick();  // writes a snapshot
+  coordinator_->Tick();      // starts a snapshot, which the journal writes on its own thread
+  RunWindow(job, ranks, 2);  // in the log after it, whether or not the snapshot is done yet
+  absl::StatusOr<v1::Job> before = GetJob(job);
+  ASSERT_TRUE(before.ok());
+  snapshot_every_records_ = 10000;
+  Reopen();  // the old coordinator finished the snapshot before closing its journal
   absl::StatusOr<std::vector<std::string>> files = Env::Default()->ListDir(dir_);
   ASSERT_TRUE(files.ok());
   EXPECT_TRUE(std::any_of(files->begin(), files->end(), [](const std::string& f) {
     return f.rfind("snapshot-", 0) == 0 && f.find(".tmp") == std::string::npos;
   }));
-  RunWindow(job, ranks, 2);  // in the log after it
-  absl::StatusOr<v1::Job> before = GetJob(job);
-  ASSERT_TRUE(before.ok());
-  snapshot_every_records_ = 10000;
-  Reopen();
   EXPECT_TRUE(coordinator_->recovery_warnings().empty());
   absl::StatusOr<v1::Job> after = GetJob(job);
   ASSERT_TRUE(after.ok()) << after.status();
@@ -350,6 +571,59 @@ TEST_F(CoordinatorTest, ReopenFromSnapshotAndLogTail) {
   EXPECT_EQ(d3.optimizer_update_id(), 3);
   EXPECT_EQ(d3.record().micro_step_id(), 12);
   EXPECT_DOUBLE_EQ(d3.record().update_interval_seconds(), 1.5);
+}
+
+// Catches: Tick writing the snapshot under the coordinator's lock (issue 16), so that every
+// call, reads included, stalls for the snapshot's write, fsync, rename and directory fsync.
+// The snapshot's fsync is held open; Tick must return and calls that journal a record must be
+// answered meanwhile. Tick and the call run on their own threads so that the old behaviour
+// fails (Call's bounded wait) instead of hanging the test.
+TEST_F(CoordinatorTest, CallsAreAnsweredWhileASnapshotIsWritten) {
+  snapshot_every_records_ = 1;
+  env_ = &gate_;
+  Reopen();
+  const std::string job = Submit(2);
+  gate_.HoldNext();
+  Call<bool> ticked;
+  std::thread tick([&, done = ticked.done()] {
+    coordinator_->Tick();
+    done(absl::StatusOr<bool>(true));
+  });
+  gate_.WaitUntilHeld();
+  Call<v1::Job> submitted;
+  Call<v1::Job> read;
+  std::thread rpc([&, submit_done = submitted.done(), read_done = read.done()] {
+    v1::SubmitJobRequest submit;
+    SpecOptions o;
+    o.workers = 1;
+    submit.set_spec_json(SpecJson(o));
+    coordinator_->SubmitJob(submit, submit_done);
+    v1::GetJobRequest get;
+    get.set_job_id(job);
+    coordinator_->GetJob(get, read_done);
+  });
+  const absl::StatusOr<bool> tick_result = ticked.Get();
+  const absl::StatusOr<v1::Job> second = submitted.Get();
+  const absl::StatusOr<v1::Job> first = read.Get();
+  gate_.Release();
+  tick.join();
+  rpc.join();
+  EXPECT_TRUE(tick_result.ok()) << "Tick waited for the snapshot's fsync";
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->job_id(), "job-2");
+  EXPECT_TRUE(first.ok()) << first.status();
+
+  // The snapshot (job-1) and the record journaled while it was written (job-2) both recover.
+  snapshot_every_records_ = 10000;
+  Reopen();
+  EXPECT_TRUE(coordinator_->recovery_warnings().empty());
+  EXPECT_TRUE(GetJob(job).ok());
+  EXPECT_TRUE(GetJob("job-2").ok());
+  absl::StatusOr<std::vector<std::string>> files = Env::Default()->ListDir(dir_);
+  ASSERT_TRUE(files.ok());
+  EXPECT_TRUE(std::any_of(files->begin(), files->end(), [](const std::string& f) {
+    return f.rfind("snapshot-", 0) == 0 && f.find(".tmp") == std::string::npos;
+  }));
 }
 
 // Catches: a StoreGet that answers before the key exists, or never after StoreSet.

@@ -1,6 +1,7 @@
 #include "coordinator/job_registry.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -58,7 +60,10 @@ v1::CancelJobRequest CancelRequest(const std::string& job_id) {
 // Applies every record of `from` to a fresh registry.
 std::unique_ptr<JobRegistry> Replay(const std::vector<v1::JournalRecord>& records) {
   auto r = std::make_unique<JobRegistry>(MachineOptions{});
-  for (const v1::JournalRecord& rec : records) r->Apply(rec);
+  for (const v1::JournalRecord& rec : records) {
+    const absl::Status applied = r->Apply(rec);
+    EXPECT_TRUE(applied.ok()) << applied;
+  }
   return r;
 }
 
@@ -197,6 +202,43 @@ TEST(JobRegistryTest, BadSpecNamesTheField) {
   EXPECT_TRUE(reg.List().empty());
   EXPECT_TRUE(reg.TakeRecords().empty());
   EXPECT_EQ(reg.Submit(SubmitJson(base), kT0)->job_id(), "job-1");  // no id was used up
+}
+
+// Catches: a submitter cancelling another principal's job, the owner lost on replay or
+// restore (a restarted coordinator would let anyone cancel it, or no one), and one
+// principal's request id (the CLI's default: the spec's hash and the minute) returning
+// another principal's job.
+TEST(JobRegistryTest, TheOwnerIsRecordedAndLimitsCancelAndRequestIds) {
+  JobRegistry reg{MachineOptions{}};
+  const Caller alice{"alice", false};
+  const Caller bob{"bob", false};
+  absl::StatusOr<v1::Job> a = reg.Submit(SubmitWorkers(2, "same-id"), kT0, alice);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->owner(), "alice");
+  absl::StatusOr<v1::Job> b = reg.Submit(SubmitWorkers(2, "same-id"), kT0, bob);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->job_id(), a->job_id());
+  EXPECT_EQ(reg.Submit(SubmitWorkers(2, "same-id"), kT0, alice)->job_id(), a->job_id());
+
+  const std::vector<v1::JournalRecord> records = reg.TakeRecords();
+  const v1::CoordinatorSnapshot snapshot = reg.Snapshot();
+  std::unique_ptr<JobRegistry> replayed = Replay(records);
+  JobRegistry restored{MachineOptions{}};
+  restored.Restore(snapshot, kT0);
+  for (JobRegistry* r : {&reg, replayed.get(), &restored}) {
+    EXPECT_EQ(r->Get(a->job_id())->owner(), "alice");
+    EXPECT_EQ(r->Submit(SubmitWorkers(2, "same-id"), kT0, bob)->job_id(), b->job_id());
+    absl::StatusOr<v1::Job> refused =
+        r->Cancel(CancelRequest(a->job_id()), kT0, Caller{"bob", true});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr("was submitted by \"alice\"; \"bob\" may cancel only its own jobs"));
+    EXPECT_EQ(r->Get(a->job_id())->state(), v1::PENDING);
+    EXPECT_EQ(r->Cancel(CancelRequest(b->job_id()), kT0, Caller{"bob", true})->state(),
+              v1::CANCELLED);
+    EXPECT_EQ(r->Cancel(CancelRequest(a->job_id()), kT0, Caller{"root", false})->state(),
+              v1::CANCELLED);
+  }
 }
 
 // Catches: job or worker ids reused after a restart (replay or snapshot).
@@ -470,7 +512,10 @@ TEST(JobRegistryTest, JournalFromHigherLimitsReplaysUnderLowerOnes) {
   low.max_jobs = 2;
   low.list_page_bytes = (1 << 20) + 4096;  // one job with its 1 MiB request id per page
   JobRegistry after{MachineOptions{}, low};
-  for (const v1::JournalRecord& r : records) after.Apply(r);
+  for (const v1::JournalRecord& r : records) {
+    const absl::Status applied = after.Apply(r);
+    ASSERT_TRUE(applied.ok()) << applied;
+  }
   EXPECT_EQ(after.List().size(), 4u);
   after.Recovered(kT0);
   std::vector<std::string> ids;
@@ -566,7 +611,11 @@ class ReplayChecker {
   // Feeds the new records to the replica, then compares live, replayed and restored states.
   void Check(const std::string& step) {
     SCOPED_TRACE(step);
-    for (; applied_ < sim_->records().size(); ++applied_) replica_.Apply(sim_->records()[applied_]);
+    for (; applied_ < sim_->records().size(); ++applied_) {
+      // Every record the live machine emitted follows from the state before it.
+      const absl::Status applied = replica_.Apply(sim_->records()[applied_]);
+      ASSERT_TRUE(applied.ok()) << applied;
+    }
     v1::CoordinatorSnapshot live = sim_->registry().Snapshot();
     v1::CoordinatorSnapshot replayed = replica_.Snapshot();
     JobRegistry restored(sim_->options());
@@ -803,6 +852,78 @@ TEST(JournalReplayTest, LogContractFieldsSurviveReplayRestoreAndRollback) {
   EXPECT_DOUBLE_EQ(r.update_interval_seconds(),
                    static_cast<double>(r.end_time_ms() - last_commit_ms) / 1000.0);
   checker.Check("window 3 again");
+}
+
+// Catches: a restarted coordinator that replays a damaged (or forged) journal whose records
+// pass their checksums but cannot follow one another, and runs the job from a state no run
+// reaches (the journal_replay fuzzer's findings: a window committed before any generation, a
+// generation naming one worker twice). Replay must stop with DATA_LOSS naming the record.
+TEST(JournalReplayTest, RecordsThatCannotFollowTheirPredecessorsAreRefused) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> workers = sim.Start(2);
+  sim.RunWindow();
+  sim.RunWindow();
+  const std::vector<v1::JournalRecord> journal = sim.records();
+  auto first_of = [&journal](v1::JournalRecord::KindCase kind) {
+    for (size_t i = 0; i < journal.size(); ++i) {
+      if (journal[i].kind_case() == kind) return i;
+    }
+    ADD_FAILURE() << "no record of kind " << kind;
+    return journal.size();
+  };
+  const size_t formed = first_of(v1::JournalRecord::kGenerationFormed);
+  const size_t ended = first_of(v1::JournalRecord::kWindowEnded);
+  ASSERT_LT(formed, ended);
+
+  struct Damage {
+    std::string what;
+    std::function<void(std::vector<v1::JournalRecord>*)> apply;
+    size_t record;  // the index of the record replay must refuse
+    std::string reason;
+  };
+  const std::vector<Damage> damages = {
+      {"a window ended before any generation", [&](auto* j) { j->erase(j->begin() + formed); },
+       ended - 1, "generation 1 while the job is in generation 0"},
+      {"a generation naming one worker twice",
+       [&](auto* j) { (*j)[formed].mutable_generation_formed()->set_worker_ids(1, workers[0]); },
+       formed, "twice"},
+      {"a generation naming a worker the job does not have",
+       [&](auto* j) { (*j)[formed].mutable_generation_formed()->set_worker_ids(1, "w-99"); },
+       formed, "does not have"},
+      {"a generation skipping a number",
+       [&](auto* j) { (*j)[formed].mutable_generation_formed()->set_generation(2); }, formed,
+       "forms generation 2 after generation 0"},
+      {"a record for a job the journal does not hold",
+       [&](auto* j) { (*j)[ended].mutable_window_ended()->set_job_id("job-99"); }, ended, "job-99"},
+      {"a window ended twice", [&](auto* j) { j->insert(j->begin() + ended + 1, (*j)[ended]); },
+       ended + 1, "ends window 1 after window 1"},
+      {"a commit that skips an optimizer update",
+       [&](auto* j) {
+         (*j)[ended].mutable_window_ended()->mutable_decision()->set_optimizer_update_id(2);
+       },
+       ended, "leaves optimizer update 2"},
+      {"a job submitted twice", [&](auto* j) { j->insert(j->begin() + 1, (*j)[0]); }, 1,
+       "already submitted"},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.what);
+    std::vector<v1::JournalRecord> damaged = journal;
+    damage.apply(&damaged);
+    RecoveredJournal recovered;
+    for (const v1::JournalRecord& r : damaged) recovered.records.push_back(r.SerializeAsString());
+    JobRegistry registry{MachineOptions{}};
+    const absl::Status s = ReplayJournal(recovered, "/state", sim.now(), &registry);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::HasSubstr(absl::StrCat("journal record ", damage.record + 1,
+                                                  " in /state cannot follow")));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(damage.reason));
+  }
+  // And the undamaged journal replays.
+  RecoveredJournal intact;
+  for (const v1::JournalRecord& r : journal) intact.records.push_back(r.SerializeAsString());
+  JobRegistry registry{MachineOptions{}};
+  EXPECT_TRUE(ReplayJournal(intact, "/state", sim.now(), &registry).ok());
 }
 
 }  // namespace

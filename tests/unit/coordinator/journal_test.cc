@@ -7,18 +7,23 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/crc32c.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/fault_injection_env.h"
+#include "tests/unit/coordinator/temp_sync_gate.h"
 
 namespace trainstep {
 namespace {
@@ -76,17 +81,48 @@ void AppendAll(Journal* journal, const std::vector<std::string>& records) {
   ASSERT_TRUE(journal->Sync(seq).ok());
 }
 
+// What on_snapshot reported.
+struct SnapshotReport {
+  absl::Status outcome;
+  bool journal_broken;
+};
+
 class JournalTest : public ::testing::Test {
  protected:
+  // A held snapshot fsync would make ~Journal wait forever after a failed assertion.
+  void TearDown() override {
+    gate_.Release();
+    journal_.reset();
+  }
   RecoveredJournal Reopen() {
     RecoveredJournal recovered;
     journal_.reset();
     journal_ = OpenOrDie(&env_, &recovered);
     return recovered;
   }
+  // Opens through gate_, recording what on_snapshot reports.
+  RecoveredJournal ReopenGated() {
+    RecoveredJournal recovered;
+    journal_.reset();
+    JournalOptions options;
+    options.on_snapshot = [this](const absl::Status& outcome, bool broken, double seconds) {
+      EXPECT_GE(seconds, 0.0);
+      absl::MutexLock lock(&reports_mu_);
+      reports_.push_back({outcome, broken});
+    };
+    journal_ = OpenOrDie(&gate_, &recovered, options);
+    return recovered;
+  }
+  std::vector<SnapshotReport> reports() {
+    absl::MutexLock lock(&reports_mu_);
+    return reports_;
+  }
   std::vector<std::string> Files() { return *env_.ListDir(kDir); }
 
   FaultInjectionEnv env_;
+  TempSyncGate gate_{&env_};
+  absl::Mutex reports_mu_;
+  std::vector<SnapshotReport> reports_ ABSL_GUARDED_BY(reports_mu_);
   std::unique_ptr<Journal> journal_;
 };
 
@@ -566,28 +602,279 @@ TEST_F(JournalTest, WriteFailureBreaksTheJournal) {
   EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
 }
 
-// Catches a snapshot failure before the rename wrongly breaking the journal or leaving a
-// half-written snapshot behind.
+// Catches a snapshot failure before the rename wrongly breaking the journal, leaving a
+// half-written snapshot behind, counting the records it failed to cover as covered, or leaving
+// a state the next snapshot cannot supersede.
 TEST_F(JournalTest, SnapshotFailureBeforeRenameKeepsJournalUsable) {
-  Reopen();
+  ReopenGated();
   AppendAll(journal_.get(), {"a"});
-  env_.FailNext(FsOp::kSync, absl::InternalError("fsync of temp failed"));
-  EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
-  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));
+  gate_.FailNext(absl::InternalError("fsync of temp failed"));
+  absl::Status s = journal_->WriteSnapshot("state");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fsync of temp failed"));
+  // The log rotated before the snapshot was written: log-000002 takes what follows.
+  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001", "log-000002"));
+  EXPECT_EQ(journal_->records_since_snapshot(), 1u);
+  ASSERT_EQ(reports().size(), 1u);
+  EXPECT_FALSE(reports()[0].outcome.ok());
+  EXPECT_FALSE(reports()[0].journal_broken);
   AppendAll(journal_.get(), {"b"});
-  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(journal_->records_since_snapshot(), 2u);
+  EXPECT_EQ(*env_.fs().Contents(LogPath(2)), LogFile({"b"}));
+  RecoveredJournal recovered = ReopenGated();
   EXPECT_FALSE(recovered.snapshot.has_value());
   EXPECT_THAT(recovered.records, ElementsAre("a", "b"));
+
+  // The next snapshot covers both logs and deletes them.
+  ASSERT_TRUE(journal_->WriteSnapshot("a,b").ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000003", "log-000003"));
+  EXPECT_EQ(journal_->records_since_snapshot(), 0u);
+  recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a,b");
+  EXPECT_THAT(recovered.records, IsEmpty());
 }
 
-// Catches the journal appending to the old log after a failure past the rename: recovery would
-// then prefer the new snapshot and drop those records.
+// Catches the journal appending to the old log after a failure past the rename (recovery would
+// then prefer the new snapshot and drop those records), or on_snapshot not saying the owner
+// must stop. The directory fsync after the rename fails; the rotation's own succeeded.
 TEST_F(JournalTest, SnapshotFailureAfterRenameBreaksJournal) {
+  ReopenGated();
+  AppendAll(journal_.get(), {"a"});
+  gate_.HoldNext();
+  ASSERT_TRUE(journal_->StartSnapshot("state").ok());
+  gate_.WaitUntilHeld();  // The rotation's SyncDir is done; the next one follows the rename.
+  env_.FailNext(FsOp::kSyncDir, absl::InternalError("fsync dir failed"));
+  gate_.Release();
+  absl::Status s = journal_->WaitForSnapshot();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fsync dir failed"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+  ASSERT_EQ(reports().size(), 1u);
+  EXPECT_TRUE(reports()[0].journal_broken);
+  EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "state");
+  EXPECT_THAT(recovered.records, IsEmpty());
+}
+
+// Catches a failure to start the next log being survived: the records after the rotation point
+// would then be written to the old log, or acknowledged without a durable log to hold them.
+TEST_F(JournalTest, SnapshotFailureStartingTheNextLogBreaksJournal) {
+  for (FsOp::Kind kind : {FsOp::kCreate, FsOp::kSync, FsOp::kSyncDir}) {
+    SCOPED_TRACE(kind);
+    FaultInjectionEnv env;
+    std::unique_ptr<Journal> journal = OpenOrDie(&env, nullptr);
+    ASSERT_NE(journal, nullptr);
+    AppendAll(journal.get(), {"a"});
+    env.FailNext(kind, absl::InternalError("cannot start log-000002"));
+    absl::Status s = journal->WriteSnapshot("state");
+    EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+    EXPECT_FALSE(journal->Sync(journal->Append("b")).ok());
+    journal.reset();
+    RecoveredJournal recovered;
+    journal = OpenOrDie(&env, &recovered);
+    EXPECT_FALSE(recovered.snapshot.has_value());
+    EXPECT_THAT(recovered.records, ElementsAre("a"));
+  }
+}
+
+// The bug issue 16 is about: a snapshot written while holding the writer role (as WriteSnapshot
+// did, under the coordinator's lock) makes every Append + Sync wait for the snapshot's write,
+// fsync, rename and directory fsync. Here the snapshot's fsync is held open; a Sync on another
+// thread must still complete. The bounded wait only turns such a stall into a failure instead
+// of a hang; it times nothing.
+TEST_F(JournalTest, SyncCompletesWhileASnapshotIsBeingWritten) {
+  ReopenGated();
+  AppendAll(journal_.get(), {"a"});
+  gate_.HoldNext();
+  ASSERT_TRUE(journal_->StartSnapshot("a").ok());
+  gate_.WaitUntilHeld();
+  EXPECT_TRUE(journal_->snapshot_in_progress());
+  absl::Notification synced;
+  absl::Status result;
+  std::thread rpc([&] {
+    result = journal_->Sync(journal_->Append("b"));
+    synced.Notify();
+  });
+  const bool in_time = synced.WaitForNotificationWithTimeout(absl::Seconds(60));
+  EXPECT_TRUE(journal_->snapshot_in_progress());  // Still held: the Sync did not wait for it.
+  gate_.Release();
+  rpc.join();
+  EXPECT_TRUE(in_time) << "Sync waited for the snapshot";
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_TRUE(journal_->WaitForSnapshot().ok());
+}
+
+// Catches records appended while a snapshot is written landing in the log the snapshot makes
+// obsolete (lost at the next Open), being counted as covered by it, or being acknowledged
+// before they are durable in the new log.
+TEST_F(JournalTest, RecordsAppendedDuringASnapshotLandInTheNextLog) {
+  ReopenGated();
+  AppendAll(journal_.get(), {"a"});
+  journal_->Append("b");  // Pending: it belongs to log-000001, which the snapshot covers.
+  gate_.HoldNext();
+  ASSERT_TRUE(journal_->StartSnapshot("a,b").ok());
+  journal_->Append("c");
+  gate_.WaitUntilHeld();
+  AppendAll(journal_.get(), {"d"});
+  EXPECT_EQ(env_.fs().SyncedContents(LogPath(1)), LogFile({"a", "b"}));
+  EXPECT_EQ(env_.fs().SyncedContents(LogPath(2)), LogFile({"c", "d"}));
+  EXPECT_EQ(journal_->records_since_snapshot(), 4u);  // Not in place yet.
+  gate_.Release();
+  ASSERT_TRUE(journal_->WaitForSnapshot().ok());
+  EXPECT_EQ(journal_->records_since_snapshot(), 2u);
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000002", "log-000002"));
+  AppendAll(journal_.get(), {"e"});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a,b");
+  EXPECT_THAT(recovered.records, ElementsAre("c", "d", "e"));
+  EXPECT_EQ(journal_->records_since_snapshot(), 3u);
+}
+
+// Catches a second snapshot started over a running one: two rotations with one snapshot, a
+// snapshot numbered for a log it does not precede, or two threads writing temp files.
+TEST_F(JournalTest, StartSnapshotWhileOneRunsStartsNothing) {
+  ReopenGated();
+  AppendAll(journal_.get(), {"a"});
+  gate_.HoldNext();
+  ASSERT_TRUE(journal_->StartSnapshot("first").ok());
+  gate_.WaitUntilHeld();
+  AppendAll(journal_.get(), {"b"});
+  EXPECT_TRUE(journal_->StartSnapshot("second").ok());
+  EXPECT_TRUE(journal_->snapshot_in_progress());
+  gate_.Release();
+  ASSERT_TRUE(journal_->WaitForSnapshot().ok());
+  EXPECT_FALSE(journal_->snapshot_in_progress());
+  ASSERT_EQ(reports().size(), 1u);
+  EXPECT_TRUE(reports()[0].outcome.ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000002", "log-000002"));
+  AppendAll(journal_.get(), {"c"});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "first");
+  EXPECT_THAT(recovered.records, ElementsAre("b", "c"));
+}
+
+// Catches ~Journal abandoning a snapshot still being written (its thread outliving the object,
+// or the snapshot never put in place).
+TEST_F(JournalTest, DestructorFinishesARunningSnapshot) {
   Reopen();
   AppendAll(journal_.get(), {"a"});
-  env_.FailNext(FsOp::kSyncDir, absl::InternalError("fsync dir failed"));
-  EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
+  ASSERT_TRUE(journal_->StartSnapshot("a").ok());
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a");
+  EXPECT_THAT(recovered.records, IsEmpty());
+}
+
+// Catches StartSnapshot rotating the log, or starting a thread, on a journal that can no
+// longer write.
+TEST_F(JournalTest, StartSnapshotOnABrokenJournalStartsNothing) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kSync, absl::DataLossError("fsync: Input/output error"));
   EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
+  EXPECT_THAT(std::string(journal_->StartSnapshot("state").message()), HasSubstr("must stop"));
+  EXPECT_FALSE(journal_->snapshot_in_progress());
+  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));
+}
+
+// Counts which threads start the logs after log-000001 (Open's): a writer thread of the test
+// (a Sync doing a snapshot's rotation) or another (the snapshot thread).
+class LogStartCounter : public EnvWrapper {
+ public:
+  explicit LogStartCounter(Env* target) : EnvWrapper(target) {}
+  void AddWriter(std::thread::id id) {
+    absl::MutexLock lock(&mu_);
+    writers_.push_back(id);
+  }
+  int by_writers() {
+    absl::MutexLock lock(&mu_);
+    return by_writers_;
+  }
+  int by_others() {
+    absl::MutexLock lock(&mu_);
+    return by_others_;
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    if (path.find("/log-") != std::string::npos && path.find("/log-000001") == std::string::npos) {
+      absl::MutexLock lock(&mu_);
+      const bool writer =
+          std::find(writers_.begin(), writers_.end(), std::this_thread::get_id()) != writers_.end();
+      ++(writer ? by_writers_ : by_others_);
+    }
+    return EnvWrapper::NewWritableFile(path);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::thread::id> writers_ ABSL_GUARDED_BY(mu_);
+  int by_writers_ ABSL_GUARDED_BY(mu_) = 0;
+  int by_others_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Catches races between snapshots and concurrent writers: records lost or duplicated across a
+// rotation (whichever writer, a Sync or the snapshot thread, performs it), a snapshot that does
+// not match the log it precedes, or records_since_snapshot drifting. Appends and StartSnapshot
+// share a lock, as in the coordinator; Syncs run outside it. Which thread rotates is up to the
+// scheduler; the test records how often each did, and asserts only the outcome.
+TEST_F(JournalTest, ConcurrentSnapshotsAndWritersStress) {
+  LogStartCounter counter(&env_);
+  journal_ = OpenOrDie(&counter, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 500;
+  absl::Mutex caller_mu;              // The coordinator's lock.
+  std::vector<std::string> appended;  // Guarded by caller_mu.
+  std::atomic<int> failures{0};
+  std::atomic<bool> writers_done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      counter.AddWriter(std::this_thread::get_id());
+      for (int i = 0; i < kPerThread; ++i) {
+        uint64_t seq;
+        {
+          absl::MutexLock lock(&caller_mu);
+          appended.push_back(absl::StrCat(t, ":", i));
+          seq = journal_->Append(appended.back());
+        }
+        if (!journal_->Sync(seq).ok()) ++failures;
+      }
+    });
+  }
+  int snapshots = 0;
+  size_t last_covered = 0;  // Records the last snapshot covers.
+  std::thread snapshotter([&] {
+    do {
+      size_t covers;
+      {
+        absl::MutexLock lock(&caller_mu);
+        // The state after every record so far: how many there are.
+        covers = appended.size();
+        if (!journal_->StartSnapshot(absl::StrCat(covers)).ok()) ++failures;
+      }
+      if (!journal_->WaitForSnapshot().ok()) ++failures;
+      last_covered = covers;
+      ++snapshots;
+    } while (!writers_done.load());
+  });
+  for (std::thread& t : threads) t.join();
+  writers_done.store(true);
+  snapshotter.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(snapshots, 0);
+  RecordProperty("snapshots", snapshots);
+  RecordProperty("rotations_by_syncs", counter.by_writers());
+  RecordProperty("rotations_by_snapshot_thread", counter.by_others());
+  EXPECT_EQ(journal_->records_since_snapshot(), appended.size() - last_covered);
+  journal_.reset();  // Before `counter` goes.
+
+  RecoveredJournal recovered = Reopen();
+  size_t covered = 0;
+  if (recovered.snapshot.has_value()) {
+    ASSERT_TRUE(absl::SimpleAtoi(*recovered.snapshot, &covered)) << *recovered.snapshot;
+  }
+  EXPECT_EQ(covered, last_covered);
+  ASSERT_EQ(covered + recovered.records.size(), appended.size());
+  for (size_t i = 0; i < recovered.records.size(); ++i) {
+    ASSERT_EQ(recovered.records[i], appended[covered + i]) << "record " << covered + i;
+  }
 }
 
 // Catches the metrics hook never firing, firing per record instead of per fsync, or reporting
@@ -709,11 +996,14 @@ struct Workload {
 };
 
 // ~40 records of 0..~250 bytes, synced in groups of 1-4, with a snapshot (that itself syncs
-// three pending records) in the middle.
-Workload RunWorkload(FaultInjectionEnv* env) {
+// three pending records) after record 20. With `background`, StartSnapshot's write is held at
+// its temp file's fsync while records 21..30 are appended and synced into the next log, then
+// let go; so every step of the snapshot thread is a crash point, in a deterministic order.
+Workload RunWorkload(FaultInjectionEnv* env, bool background) {
   Workload w;
+  TempSyncGate gate(env);
   RecoveredJournal recovered;
-  std::unique_ptr<Journal> journal = OpenOrDie(env, &recovered);
+  std::unique_ptr<Journal> journal = OpenOrDie(&gate, &recovered);
   if (journal == nullptr) return w;
   std::mt19937 rng(2024);
   State state;
@@ -727,7 +1017,13 @@ Workload RunWorkload(FaultInjectionEnv* env) {
     if (i + 1 == 20) {
       w.snapshot_covers = 20;
       w.snapshot = EncodeState(state);
-      EXPECT_TRUE(journal->WriteSnapshot(w.snapshot).ok());
+      if (background) {
+        gate.HoldNext();
+        EXPECT_TRUE(journal->StartSnapshot(w.snapshot).ok());
+        gate.WaitUntilHeld();  // Records 18..20 are durable in log-000001; log-000002 exists.
+      } else {
+        EXPECT_TRUE(journal->WriteSnapshot(w.snapshot).ok());
+      }
       w.acks.emplace_back(env->TotalSteps(), w.records.size());
       group = 0;
     } else if (i + 1 >= 18 && i + 1 < 20) {
@@ -736,6 +1032,10 @@ Workload RunWorkload(FaultInjectionEnv* env) {
       EXPECT_TRUE(journal->Sync(journal->last_appended()).ok());
       w.acks.emplace_back(env->TotalSteps(), w.records.size());
       group = 0;
+    }
+    if (background && i + 1 == 30) {
+      gate.Release();
+      EXPECT_TRUE(journal->WaitForSnapshot().ok());
     }
   }
   return w;
@@ -801,20 +1101,22 @@ void CheckCrashAt(const FaultInjectionEnv& env, const Workload& w, size_t steps,
   ASSERT_EQ(again.records, expected_records);
 }
 
-class JournalCrashTest : public ::testing::TestWithParam<CrashMode> {};
+class JournalCrashTest : public ::testing::TestWithParam<std::tuple<CrashMode, bool>> {};
 
-// Catches any crash point (mid-write, mid-snapshot, between rename and deletions, between a
-// write and its fsync) where recovery fails, loses an acknowledged record, yields a state that
-// no prefix of the workload produces, or leaves a tail that breaks later appends.
+// Catches any crash point (mid-write, mid-rotation, mid-snapshot, between rename and deletions,
+// between a write and its fsync, while records go to the next log during a background
+// snapshot) where recovery fails, loses an acknowledged record, yields a state that no prefix
+// of the workload produces, or leaves a tail that breaks later appends.
 TEST_P(JournalCrashTest, EveryCrashPointRecoversAnAcknowledgedPrefix) {
+  const auto [mode, background] = GetParam();
   FaultInjectionEnv env;
-  const Workload w = RunWorkload(&env);
+  const Workload w = RunWorkload(&env, background);
   ASSERT_FALSE(HasFailure());
   const size_t total = env.TotalSteps();
   RecordProperty("crash_points", static_cast<int>(total + 1));
   CrashStats stats;
   for (size_t steps = 0; steps <= total; ++steps) {
-    CheckCrashAt(env, w, steps, GetParam(), &stats);
+    CheckCrashAt(env, w, steps, mode, &stats);
     if (HasFailure()) {
       ADD_FAILURE() << "first failure after crash step " << steps << " of " << total;
       return;
@@ -823,16 +1125,20 @@ TEST_P(JournalCrashTest, EveryCrashPointRecoversAnAcknowledgedPrefix) {
   // Guards the test itself: the cut points must cover the snapshot and the whole workload.
   EXPECT_GT(stats.with_snapshot, 0);
   EXPECT_EQ(stats.max_recovered, 40);
-  if (GetParam() == CrashMode::kKeepUnsynced) {
+  if (mode == CrashMode::kKeepUnsynced) {
     EXPECT_GT(stats.with_warning, 0);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, JournalCrashTest,
-                         ::testing::Values(CrashMode::kKeepUnsynced, CrashMode::kDropUnsynced,
-                                           CrashMode::kZeroUnsynced),
-                         [](const ::testing::TestParamInfo<CrashMode>& info) {
-                           return std::string(CrashModeName(info.param));
+                         ::testing::Combine(::testing::Values(CrashMode::kKeepUnsynced,
+                                                              CrashMode::kDropUnsynced,
+                                                              CrashMode::kZeroUnsynced),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<CrashMode, bool>>& info) {
+                           return absl::StrCat(
+                               CrashModeName(std::get<0>(info.param)),
+                               std::get<1>(info.param) ? "_BackgroundSnapshot" : "_WriteSnapshot");
                          });
 
 }  // namespace

@@ -26,6 +26,8 @@ namespace testing_util {
 // The knobs the coordinator reads; everything else stays at the resolver's defaults.
 struct SpecOptions {
   int workers = 2;
+  std::optional<int> min_workers;  // workers.min
+  std::string join_grace;          // workers.join_grace ("5s"), "" = default
   int micro_batch_size = 1;
   int accumulation_steps = 2;
   std::string tail = "dynamic";    // dynamic | drop
@@ -46,7 +48,10 @@ inline std::string SpecJson(const SpecOptions& o) {
       R"({"name":"t","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
       R"("batch":{"micro_batch_size":)", o.micro_batch_size, R"(,"accumulation_steps":)",
       o.accumulation_steps, R"(,"tail":")", o.tail, R"("},)", R"("precision":")", o.precision,
-      R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},", R"("workers":{"count":)", o.workers, "}");
+      R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},", R"("workers":{"count":)", o.workers);
+  if (o.min_workers) absl::StrAppend(&json, R"(,"min":)", *o.min_workers);
+  if (!o.join_grace.empty()) absl::StrAppend(&json, R"(,"join_grace":")", o.join_grace, "\"");
+  absl::StrAppend(&json, "}");
   if (!o.loss_scaler.empty()) absl::StrAppend(&json, R"(,"loss_scaler":)", o.loss_scaler);
   if (!o.schedule.empty()) absl::StrAppend(&json, R"(,"schedule":)", o.schedule);
   if (o.max_grad_norm)
@@ -168,6 +173,31 @@ class SimulatedRanks {
     absl::StatusOr<v1::HeartbeatResponse> resp = machine().Heartbeat(req, now_);
     Drain();
     return resp;
+  }
+
+  // A heartbeat saying what the worker's replica holds, and whether it waits for a generation
+  // after `idle_after` (unset: it is still busy in its generation).
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatAs(const std::string& worker_id,
+                                                    int64_t applied_update_id,
+                                                    std::optional<int64_t> idle_after = {}) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id);
+    *req.mutable_dataset() = dataset();
+    req.set_applied_update_id(applied_update_id);
+    if (idle_after.has_value()) req.set_idle_after_generation(*idle_after);
+    absl::StatusOr<v1::HeartbeatResponse> resp = machine().Heartbeat(req, now_);
+    Drain();
+    return resp;
+  }
+
+  // Generations formed by the records since `from` (an index into records()).
+  std::vector<v1::GenerationFormed> FormedSince(size_t from) const {
+    std::vector<v1::GenerationFormed> out;
+    for (size_t i = from; i < records_.size(); ++i) {
+      if (records_[i].has_generation_formed()) out.push_back(records_[i].generation_formed());
+    }
+    return out;
   }
 
   // Registers `count` workers and reports the dataset from each one.

@@ -103,6 +103,25 @@ TEST(MembershipTest, MarkLostBreaksOnlyForMembers) {
   EXPECT_THAT(m.Survivors(), ElementsAre("a"));
 }
 
+// Catches: a generation naming a worker the job does not know (only a damaged journal holds
+// one) counted live when applied but broken when restored from a snapshot of the same state,
+// so a restarted coordinator answered otherwise (the journal_replay fuzzer's finding).
+TEST(MembershipTest, GenerationNamingAnUnknownWorkerIsBrokenAppliedOrRestored) {
+  Membership m = ThreeReady();
+  m.FormGeneration(Gen(1, {"a", "ghost"}));
+  EXPECT_FALSE(m.generation_live());
+  EXPECT_EQ(m.Find("a")->info.state(), v1::ACTIVE);
+
+  std::vector<v1::WorkerSnapshot> workers;
+  for (const std::string& id : m.order()) {
+    v1::WorkerSnapshot& w = workers.emplace_back();
+    *w.mutable_info() = m.Find(id)->info;
+  }
+  Membership restored;
+  restored.Restore(workers, m.current(), kT0);
+  EXPECT_EQ(restored.generation_live(), m.generation_live());
+}
+
 // Catches: survivors listed in registration order instead of old rank order.
 TEST(MembershipTest, SurvivorsKeepRankOrder) {
   Membership m = ThreeReady();

@@ -455,6 +455,20 @@ TEST(StepMachineTest, WindowSecondsFromFirstReport) {
   EXPECT_EQ(d.record().end_time_ms(), absl::ToUnixMillis(sim.now()));
 }
 
+// Catches: window_seconds of a window counted from its begin reports sent ahead (pipelined)
+// during the window before it: the two windows' times would overlap (and the window duration
+// histogram double).
+TEST(StepMachineTest, WindowSecondsOfAPipelinedWindowStartAtThePreviousDecision) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  for (int r = 0; r < 2; ++r) ASSERT_FALSE(sim.Begin(r, 2, 10)->ready);  // sent ahead
+  sim.Advance(absl::Seconds(3));
+  EXPECT_DOUBLE_EQ(sim.CompleteAll(1, Reports(2)).record().window_seconds(), 3.0);
+  sim.Advance(absl::Seconds(2));
+  EXPECT_DOUBLE_EQ(sim.CompleteAll(2, Reports(2)).record().window_seconds(), 2.0);
+}
+
 // Catches: a micro_step_id that counts only the window (not cumulative), counts an aborted
 // attempt whose micro-batches the retry runs again, or misses a skipped window's.
 TEST(StepMachineTest, MicroStepIdCountsEndedWindowsNotAbortedAttempts) {
@@ -955,7 +969,10 @@ TEST(StepMachineTest, EvalSurvivesReplayAndSnapshot) {
 
   // Replay the journal into a fresh registry.
   JobRegistry replayed{MachineOptions{}};
-  for (const v1::JournalRecord& r : sim.records()) replayed.Apply(r);
+  for (const v1::JournalRecord& r : sim.records()) {
+    const absl::Status applied = replayed.Apply(r);
+    ASSERT_TRUE(applied.ok()) << applied;
+  }
   const StepMachine& m = **replayed.Machine(sim.job_id());
   ASSERT_EQ(m.updates().size(), 2u);
   EXPECT_DOUBLE_EQ(m.updates()[0].eval_loss(), 2.0);
@@ -1415,6 +1432,7 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
 
   const v1::JobProgress p = sim.progress();
   EXPECT_EQ(p.generation(), 2);
+  EXPECT_EQ(p.rollbacks(), 1);  // counted for `job get` and the chaos tool's judgement
   EXPECT_EQ(p.window_id(), 2);
   EXPECT_EQ(p.optimizer_update_id(), 2);
   EXPECT_EQ(p.scheduler_step(), 2);
@@ -1431,6 +1449,452 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   const v1::WindowDecision ck = sim.RunWindow();
   ASSERT_TRUE(ck.write_checkpoint());
   EXPECT_GT(ck.checkpoint_id(), d5.checkpoint_id());  // checkpoint ids are never reused
+}
+
+// Issue 13's rule: while a replica that holds the current update may be alive, the job never
+// rolls back — also right after a coordinator restart, when nobody has said yet what it holds.
+// Catches: a restarted coordinator rolling back to the last durable checkpoint because a worker
+// was lost before the survivors (busy applying the decision they got from the re-sent report)
+// reported the update they hold — the outside probe saw 6 such rollbacks redo 35 updates.
+TEST(StepMachineTest, RestartedCoordinatorDoesNotRollBackWhileSurvivorsMayHoldTheUpdate) {
+  SpecOptions three = WithCheckpoints(2, Fp16(1024, 3));
+  three.workers = 3;
+  SimulatedRanks job(ResolvedSpec(three));
+  const std::vector<std::string> ids = job.Start(4);  // three ranks and a spare
+  ASSERT_EQ(job.Ranks().size(), 3u);
+  job.RunWindow();
+  const v1::WindowDecision d2 = job.RunWindow();
+  ASSERT_TRUE(d2.write_checkpoint());
+  ASSERT_TRUE(job.Ack(d2.checkpoint_id(), 2).ok());
+  ASSERT_EQ(job.RunWindow().optimizer_update_id(), 3);
+  const std::vector<std::string> ranks = job.Ranks();
+  std::string spare;
+  for (const std::string& id : ids) {
+    if (std::find(ranks.begin(), ranks.end(), id) == ranks.end()) spare = id;
+  }
+
+  // The coordinator restarts; ranks 1 and 2 speak first with what they held before the
+  // decision of update 3 reached them, and rank 0 never comes back.
+  job.registry().Restore(job.registry().Snapshot(), job.now());
+  job.registry().Recovered(job.now());
+  const size_t before = job.records().size();
+  for (int i = 0; i < 2; ++i) {
+    job.Advance(job.options().reconnect_grace / 2);
+    for (const std::string& id : {ranks[1], ranks[2]}) ASSERT_TRUE(job.HeartbeatAs(id, 2).ok());
+    ASSERT_TRUE(job.HeartbeatAs(spare, 0, /*idle_after=*/0).ok());
+    job.Tick();
+  }
+  ASSERT_EQ(job.machine().Workers()[0].state(), v1::LOST);  // rank 0 never reconnected
+  EXPECT_TRUE(job.FormedSince(before).empty()) << "formed a generation before the survivors spoke";
+  EXPECT_EQ(job.progress().optimizer_update_id(), 3);
+
+  // Rank 1 has applied update 3 and waits for the next generation: it seeds it.
+  ASSERT_TRUE(job.HeartbeatAs(ranks[1], 3, /*idle_after=*/1).ok());
+  const std::vector<v1::GenerationFormed> formed = job.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_FALSE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(formed[0].worker_ids(0), ranks[1]);
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 3);
+  EXPECT_EQ(job.progress().rollbacks(), 0);
+  EXPECT_EQ(job.RunWindow().optimizer_update_id(), 4);
+}
+
+// Catches: a rank that gave its generation up (its collective failed) while the coordinator
+// still counts it: the others wait at the barrier for it for ever. Its idle heartbeat ends the
+// generation at once — with an ABORT when a window was in flight — and the next one forms.
+TEST(StepMachineTest, ARankWaitingForALaterGenerationEndsTheCurrentOne) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::vector<std::string> g1 = sim.Ranks();
+  ASSERT_FALSE(sim.Begin(0, 2, 10)->ready);
+  size_t before = sim.records().size();
+  ASSERT_TRUE(sim.HeartbeatAs(g1[1], 1, /*idle_after=*/1).ok());
+  ASSERT_EQ(sim.machine().updates().back().outcome(), "abort");
+  EXPECT_EQ(sim.machine().updates().back().reason(), "WORKER_LOST");
+  // Both replicas hold update 1 and are alive: the same two form generation 2 (rank 0 once it
+  // too says it is idle, or at once — it holds the update).
+  std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].generation(), 2);
+  EXPECT_FALSE(formed[0].rolled_back());
+  EXPECT_EQ(sim.RunWindow().optimizer_update_id(), 2);
+
+  // Between windows (nothing in flight) the generation ends through its own record.
+  before = sim.records().size();
+  ASSERT_TRUE(sim.HeartbeatAs(sim.Ranks()[0], 2, /*idle_after=*/2).ok());
+  bool left = false;
+  for (size_t i = before; i < sim.records().size(); ++i) {
+    left |= sim.records()[i].has_generation_ended();
+  }
+  EXPECT_TRUE(left);
+  EXPECT_EQ(sim.generation(), 3);
+  // A stale idle heartbeat from before generation 3 ends nothing.
+  before = sim.records().size();
+  ASSERT_TRUE(sim.HeartbeatAs(sim.Ranks()[1], 2, /*idle_after=*/2).ok());
+  EXPECT_EQ(sim.generation(), 3);
+  EXPECT_TRUE(sim.FormedSince(before).empty());
+}
+
+// Catches a dead process costing a whole lease: a dropped Attach stream ends the worker's lease
+// after the short grace — unless it attaches again or heartbeats, and only for its latest stream.
+TEST(StepMachineTest, DroppedAttachStreamLosesTheWorkerAfterTheGrace) {
+  MachineOptions options;
+  options.detach_grace = absl::Milliseconds(300);
+  SimulatedRanks sim(ResolvedSpec({}), options);
+  const std::vector<std::string> ids = sim.Start(3);  // two ranks and a spare
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::vector<std::string> g1 = sim.Ranks();
+  auto attach = [&](const std::string& id, uint64_t seq) {
+    v1::AttachRequest req;
+    req.set_job_id(sim.job_id());
+    req.set_worker_id(id);
+    return sim.machine().Attach(req, seq, sim.now());
+  };
+  ASSERT_TRUE(attach(g1[0], 1).ok());
+  ASSERT_TRUE(attach(g1[1], 2).ok());
+  ASSERT_TRUE(attach(g1[1], 3).ok());  // g1[1] re-attached; stream 2 ends late
+
+  sim.machine().Detached(g1[1], 2, sim.now());  // not its latest stream: nothing changes
+  sim.machine().Detached(g1[0], 1, sim.now());
+  ASSERT_EQ(sim.machine().NextDeadline(), sim.now() + absl::Milliseconds(300));
+  sim.Advance(absl::Milliseconds(299));
+  ASSERT_TRUE(sim.Heartbeat(g1[1]).ok());  // the survivor says it holds update 1
+  sim.Tick();
+  EXPECT_EQ(sim.Ranks(), g1);
+  sim.Advance(absl::Milliseconds(1));
+  sim.Tick();
+  EXPECT_EQ(sim.generation(), 2);
+  EXPECT_EQ(sim.machine().updates().size(), 1u);  // nothing was in flight
+  EXPECT_EQ(CodeOf(attach(g1[0], 4).status()), absl::StatusCode::kNotFound);
+
+  // A worker whose stream dropped but which heartbeats within the grace keeps its lease.
+  const std::string rank0 = sim.Ranks()[0];
+  ASSERT_TRUE(attach(rank0, 5).ok());
+  sim.machine().Detached(rank0, 5, sim.now());
+  sim.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(sim.Heartbeat(rank0).ok());
+  sim.Advance(absl::Seconds(1));
+  sim.Tick();
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (w.worker_id() == rank0) EXPECT_EQ(w.state(), v1::ACTIVE);
+  }
+  EXPECT_EQ(sim.generation(), 2);
+}
+
+// Catches the churn seen with real processes: a rank's collective fails the moment its peer
+// dies, it gives the generation up, and the next generation was formed at once with the dead
+// peer (its stream had dropped, its grace not yet run out) — and broke again 300 ms later.
+TEST(StepMachineTest, ANewGenerationIsNotBuiltOnADetachedWorker) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(3);  // two ranks and a spare
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::vector<std::string> g1 = sim.Ranks();
+  v1::AttachRequest req;
+  req.set_job_id(sim.job_id());
+  req.set_worker_id(g1[1]);
+  ASSERT_TRUE(sim.machine().Attach(req, 7, sim.now()).ok());
+  sim.machine().Detached(g1[1], 7, sim.now());  // its process died
+  const size_t before = sim.records().size();
+  ASSERT_TRUE(sim.HeartbeatAs(g1[0], 1, /*idle_after=*/1).ok());  // its all-reduce failed
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].worker_ids(0), g1[0]);
+  EXPECT_NE(formed[0].worker_ids(1), g1[1]);  // the spare, not the detached worker
+  EXPECT_FALSE(formed[0].rolled_back());
+}
+
+// Catches a rank blocked in the collective's rendezvous for a generation that is over waiting
+// until its deadline (seconds) instead of rejoining at once.
+TEST(StepMachineTest, RendezvousReadsOfAnEndedGenerationAreAborted) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = sim.Start(2);
+  const std::string g1 = absl::StrCat(sim.job_id(), "/g1/rank_0");
+  const std::string g2 = absl::StrCat(sim.job_id(), "/g2/rank_0");
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g1).ok());
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g2).ok());  // not formed yet: nothing to end
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey("unrelated").ok());
+  sim.Lose({ids[1]});  // generation 1 breaks; no standby to form generation 2
+  EXPECT_EQ(sim.machine().CheckRendezvousKey(g1).code(), absl::StatusCode::kAborted);
+  sim.Start(1);
+  ASSERT_EQ(sim.generation(), 2);
+  EXPECT_EQ(sim.machine().CheckRendezvousKey(g1).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g2).ok());
+}
+
+// Catches a worker that died while the coordinator was down costing a whole lease after the
+// restart: it has the reconnect grace to be heard from; the live ones speak well within it.
+TEST(StepMachineTest, AfterARestartAWorkerNotHeardFromIsLostAfterTheReconnectGrace) {
+  MachineOptions options;
+  options.reconnect_grace = absl::Seconds(3);
+  SimulatedRanks sim(ResolvedSpec({}), options);
+  const std::vector<std::string> ids = sim.Start(3);  // two ranks and a spare
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::vector<std::string> g1 = sim.Ranks();
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
+  sim.Advance(absl::Milliseconds(300));
+  sim.HeartbeatAllExcept({g1[1]});  // g1[1] died with the coordinator
+  sim.Advance(absl::Seconds(3) - absl::Milliseconds(300));
+  sim.Tick();
+  EXPECT_EQ(sim.generation(), 2);  // well before the 10 s lease
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (w.worker_id() == g1[1]) EXPECT_EQ(w.state(), v1::LOST);
+  }
+  // The ones that attach again keep a whole lease.
+  uint64_t seq = 0;
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (w.state() == v1::LOST) continue;
+    v1::AttachRequest attach;
+    attach.set_job_id(sim.job_id());
+    attach.set_worker_id(w.worker_id());
+    ASSERT_TRUE(sim.machine().Attach(attach, ++seq, sim.now()).ok());
+  }
+  sim.Advance(absl::Seconds(5));
+  sim.Tick();
+  EXPECT_EQ(sim.generation(), 2);
+}
+
+// Catches the chaos campaign's 10 s restart_gap_kill recoveries: a rank heartbeated to the
+// restarted coordinator and died before its Attach stream opened. The heartbeat renewed a
+// whole lease, and nothing else could tell the coordinator it was gone.
+TEST(StepMachineTest, AfterARestartAHeartbeatWithoutAttachRenewsOnlyTheReconnectGrace) {
+  MachineOptions options;
+  options.reconnect_grace = absl::Seconds(3);
+  SimulatedRanks sim(ResolvedSpec({}), options);
+  sim.Start(3);  // two ranks and a spare
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::vector<std::string> g1 = sim.Ranks();
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
+  sim.Advance(absl::Milliseconds(100));
+  sim.HeartbeatAllExcept({});  // everyone speaks once; g1[1] then dies
+  // A worker that keeps heartbeating without a stream (within the grace) stays.
+  for (int i = 0; i < 3; ++i) {
+    sim.Advance(absl::Seconds(2));
+    sim.HeartbeatAllExcept({g1[1]});
+    sim.Tick();
+  }
+  EXPECT_EQ(sim.generation(), 2);  // g1[1] lost ~3 s after its heartbeat, not at 10 s
+  bool lost = false;
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (w.worker_id() == g1[1]) lost = w.state() == v1::LOST;
+    if (w.worker_id() != g1[1]) EXPECT_NE(w.state(), v1::LOST) << w.worker_id();
+  }
+  EXPECT_TRUE(lost);
+}
+
+// Catches the chaos tool's 120 s stall: a generation formed just before the coordinator was
+// killed rendezvoused across the restart; the keys its ranks had set lived only in the old
+// process's store, and the others waited for them until the store timeout.
+TEST(StepMachineTest, RendezvousThatStraddledARestartEndsItsGeneration) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  ASSERT_EQ(sim.generation(), 1);
+  const std::string key = absl::StrCat(sim.job_id(), "/g1//0/rank_0");
+  // Without a restart a missing key is only not set yet.
+  EXPECT_TRUE(sim.machine().RendezvousKeyMissing(key, sim.now()).ok());
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
+  sim.HeartbeatAllExcept({});  // the live ranks speak to the new coordinator at once
+  EXPECT_TRUE(sim.machine().RendezvousKeyMissing("unrelated", sim.now()).ok());
+  const size_t before = sim.records().size();
+  EXPECT_EQ(sim.machine().RendezvousKeyMissing(key, sim.now()).code(), absl::StatusCode::kAborted);
+  sim.Drain();
+  bool ended = false;
+  for (size_t i = before; i < sim.records().size(); ++i) {
+    ended |= sim.records()[i].has_generation_ended();
+  }
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(sim.generation(), 2);  // formed again at once: nothing was trained yet
+  // The new generation's keys are this coordinator's own: a missing one just waits.
+  EXPECT_TRUE(sim.machine()
+                  .RendezvousKeyMissing(absl::StrCat(sim.job_id(), "/g2//0/rank_0"), sim.now())
+                  .ok());
+  EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+}
+
+// --- Elastic world size (issue 14) ---
+
+SpecOptions Elastic(int count, int min, const std::string& grace) {
+  SpecOptions o;
+  o.workers = count;
+  o.min_workers = min;
+  o.join_grace = grace;
+  return o;
+}
+
+std::vector<v1::GenerationFormed> FormedWith(const SimulatedRanks& sim, size_t from, int world) {
+  std::vector<v1::GenerationFormed> out;
+  for (const v1::GenerationFormed& f : sim.FormedSince(from)) {
+    if (f.worker_ids_size() == world) out.push_back(f);
+  }
+  return out;
+}
+
+// Catches: a job of workers.count 3 that loses a worker for good waiting for ever (issue 14's
+// probe); and one that shrinks at once instead of giving a replacement the join grace.
+TEST(StepMachineTest, ShortOfWorkersGoesOnWithFewerAfterTheJoinGrace) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "5s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  ASSERT_EQ(sim.RunWindow().optimizer_update_id(), 1);
+  const size_t before = sim.records().size();
+  sim.Lose({g1[2]});
+  EXPECT_TRUE(sim.FormedSince(before).empty());  // the grace runs
+  EXPECT_EQ(sim.progress().workers_available(), 2);
+  EXPECT_NE(sim.progress().waiting().find("waiting for 1 more worker"), std::string::npos)
+      << sim.progress().waiting();
+  const absl::Time grace_end = sim.now() + absl::Seconds(5);
+  ASSERT_TRUE(sim.machine().NextDeadline().has_value());
+  EXPECT_LE(*sim.machine().NextDeadline(), grace_end);
+  sim.Advance(absl::Seconds(5) - absl::Milliseconds(1));
+  sim.HeartbeatAllExcept({});
+  sim.Tick();
+  EXPECT_TRUE(sim.FormedSince(before).empty());
+  sim.Advance(absl::Milliseconds(1));
+  sim.Tick();
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 2);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_FALSE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_TRUE(sim.progress().waiting().empty());
+  const v1::WindowDecision d = sim.RunWindow();
+  EXPECT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_EQ(d.record().world_size(), 2);  // the log shows the change
+  EXPECT_EQ(d.optimizer_update_id(), 2);
+  // The grace is not a time the driver must keep waking for once it passed.
+  const std::optional<absl::Time> next = sim.machine().NextDeadline();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(*next, sim.now());
+}
+
+// Catches: a job below workers.min training anyway, rolling back, or waiting silently; and a
+// driver spinning on a past grace deadline meanwhile.
+TEST(StepMachineTest, BelowMinWaitsVisiblyWithoutRollingBack) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "1s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.RunWindow();
+  const size_t before = sim.records().size();
+  sim.Lose({g1[1], g1[2]});
+  sim.Advance(absl::Seconds(2));
+  sim.HeartbeatAllExcept({});
+  sim.Tick();
+  EXPECT_TRUE(sim.FormedSince(before).empty());
+  EXPECT_EQ(sim.progress().waiting(),
+            "waiting for workers: 1 available, workers.min is 2 (workers.count 3)");
+  const std::optional<absl::Time> next = sim.machine().NextDeadline();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_GT(*next, sim.now());  // only the leases; the passed grace is not due again
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 2);
+
+  // One worker comes back: the grace has long passed, so the survivor seeds a generation of 2.
+  sim.Start(1);
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 2);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_FALSE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].worker_ids(0), g1[0]);
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 2);
+  EXPECT_EQ(sim.progress().rollbacks(), 0);
+}
+
+// Catches: a shrunk job that never grows back, grows past workers.count, or grows in the middle
+// of a window (its reports would be thrown away).
+TEST(StepMachineTest, GrowsBackToCountAtAWindowBoundary) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.Lose({g1[1], g1[2]});  // grace 0: a generation of 1 at once
+  ASSERT_EQ(sim.Ranks().size(), 1u);
+  ASSERT_EQ(sim.RunWindow().record().world_size(), 1);
+
+  // Two workers come back while window 3 is in flight: it ends in the generation of 1.
+  ASSERT_TRUE(sim.Begin(0, 3, 10)->ready);
+  sim.Start(2);
+  ASSERT_EQ(sim.Ranks().size(), 1u);
+  const size_t before = sim.records().size();
+  auto c = sim.Complete(0, 3, RankReport{});
+  ASSERT_TRUE(c.ok() && c->ready) << c.status();
+  EXPECT_EQ(c->response.decision().outcome(), v1::COMMIT);
+  // Then the generation ends and, once the member says it holds update 3, the next one has 3.
+  EXPECT_TRUE(sim.FormedSince(before).empty());  // not before it applied update 3
+  ASSERT_TRUE(sim.HeartbeatAs(g1[0], 3, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 3);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].worker_ids(0), g1[0]);
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(formed[0].assignment().next_window_id(), 4);
+  EXPECT_EQ(sim.RunWindow().record().world_size(), 3);
+
+  // More workers than workers.count: never more ranks than it.
+  sim.Start(2);
+  sim.RunWindow();
+  EXPECT_EQ(sim.Ranks().size(), 3u);
+}
+
+// Catches: growth held up for ever by pipelining. Every rank sends the next window's
+// BeginWindow ahead, so that window always has begin reports when a window ends; they must not
+// stop the generation from growing at the boundary (their calls are answered ABORTED).
+TEST(StepMachineTest, GrowsAtAWindowBoundaryThoughTheNextWindowWasBegunAhead) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.Lose({g1[1], g1[2]});
+  ASSERT_EQ(sim.Ranks().size(), 1u);
+  ASSERT_TRUE(sim.Begin(0, 2, 10)->ready);
+  const v1::BeginWindowRequest ahead = sim.BeginRequest(0, 3, 10);  // sent during window 2
+  auto held = sim.Begin(ahead);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_FALSE(held->ready);
+  sim.Start(2);  // two workers come back while window 2 is in flight
+  const size_t before = sim.records().size();
+  auto c = sim.Complete(0, 2, RankReport{});
+  ASSERT_TRUE(c.ok() && c->ready) << c.status();
+  EXPECT_EQ(c->response.decision().outcome(), v1::COMMIT);
+  // The generation ended at the boundary: the held call, polled again, is ABORTED.
+  EXPECT_EQ(CodeOf(sim.Begin(ahead)), absl::StatusCode::kAborted);
+  ASSERT_TRUE(sim.HeartbeatAs(g1[0], 2, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 3);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].worker_ids(0), g1[0]);
+  EXPECT_EQ(formed[0].assignment().next_window_id(), 3);
+  EXPECT_EQ(sim.RunWindow().record().world_size(), 3);
+}
+
+// A begin report sent ahead (pipelined) and polled again once the window before it is
+// decided says nothing about whether that rank applied the decision: its answer may still be
+// on the way. The rank counts as holding the update only once it says so.
+// Catches: such a poll taken as proof that the rank holds the new update, which would make it
+// the source of the next generation's state while it may still hold the one before.
+TEST(StepMachineTest, ABeginSentAheadDoesNotSayTheRankAppliedTheDecision) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(2, 1, "5s")));
+  sim.Start(2);
+  const std::vector<std::string> ranks = sim.Ranks();
+  sim.BeginAll(1, {10, 10});
+  for (int r = 0; r < 2; ++r) ASSERT_FALSE(sim.Begin(r, 2, 10)->ready);  // sent ahead
+  ASSERT_EQ(sim.CompleteAll(1, Reports(2)).outcome(), v1::COMMIT);
+  auto polled = sim.Begin(0, 2, 10);  // the coordinator polls the held call again
+  ASSERT_TRUE(polled.ok() && polled->ready) << polled.status();
+  // Rank 1 dies; rank 0 has not said yet that it applied update 1.
+  const size_t before = sim.records().size();
+  sim.Advance(sim.options().worker_lease / 2);
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 0).ok());
+  sim.Advance(sim.options().worker_lease / 2 + absl::Milliseconds(1));
+  sim.Tick();
+  sim.Advance(absl::Seconds(6));  // past the join grace: only what rank 0 holds is in question
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 0).ok());
+  sim.Tick();
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (w.worker_id() == ranks[1]) ASSERT_EQ(w.state(), v1::LOST);
+  }
+  EXPECT_TRUE(sim.FormedSince(before).empty()) << "seeded from a rank that may hold update 0";
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 1, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 1);
+  EXPECT_FALSE(formed[0].rolled_back());
 }
 
 // A generation whose only state holder dies before it seeded the newcomer: the newcomer holds
@@ -1472,6 +1936,9 @@ TEST(StepMachineTest, NewcomerThatNeverSyncedDoesNotSeedTheNextGeneration) {
   sim.Advance(absl::Seconds(5));
   const size_t before = sim.records().size();
   sim.Tick();  // g1[1] lost before anyone reported a window of generation 2
+  // c may still be receiving the state (its broadcast fails only now): no rollback yet.
+  EXPECT_TRUE(sim.FormedSince(before).empty());
+  ASSERT_TRUE(sim.HeartbeatAs(c, 0, /*idle_after=*/2).ok());  // it gave generation 2 up
   const v1::GenerationFormed* f = nullptr;
   for (size_t i = before; i < sim.records().size(); ++i) {
     if (sim.records()[i].has_generation_formed()) f = &sim.records()[i].generation_formed();

@@ -199,8 +199,8 @@ TEST(ReplicaTest, AccumulatedMicroStepsEqualTheFullWindow) {
   for (size_t i = 0; i < gm.size(); ++i) {
     EXPECT_TRUE(at::allclose(gm[i], gf[i], 1e-4, 1e-6)) << i;
   }
-  const UnscaleResult um = micro->UnscaleAndCheck(1.0);
-  const UnscaleResult uf = full->UnscaleAndCheck(1.0);
+  const UnscaleResult um = micro->UnscaleAndNorm(1.0);
+  const UnscaleResult uf = full->UnscaleAndNorm(1.0);
   EXPECT_NEAR(um.grad_norm, uf.grad_norm, 1e-5 * uf.grad_norm);
 }
 
@@ -216,14 +216,14 @@ TEST(ReplicaTest, ScaledNormProbeIsTakenBeforeUnscale) {
   std::vector<at::Tensor> grads = r->Gradients();
   for (at::Tensor& g : grads) g.zero_();
   grads.front().view({-1})[0].fill_(8.0 * (1.0 + 2.0 + 3.0) / 3.0);  // S·Σg_k/K = 16
-  const UnscaleResult u = r->UnscaleAndCheck(8.0);
+  const UnscaleResult u = r->UnscaleAndNorm(8.0);
   ASSERT_TRUE(u.grad_norm_scaled.has_value());
   EXPECT_DOUBLE_EQ(*u.grad_norm_scaled, 16.0);
   EXPECT_DOUBLE_EQ(u.grad_norm, 2.0);
   EXPECT_DOUBLE_EQ(*u.grad_norm_scaled / u.grad_norm, 8.0);
 
   const v1::JobSpec plain = Spec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})");
-  EXPECT_FALSE((*Replica::Create(plain, at::kCPU))->UnscaleAndCheck(1.0).grad_norm_scaled);
+  EXPECT_FALSE((*Replica::Create(plain, at::kCPU))->UnscaleAndNorm(1.0).grad_norm_scaled);
 }
 
 // Catches: a skipped or aborted window leaving gradients (or an injected inf) behind.
@@ -231,9 +231,9 @@ TEST(ReplicaTest, ZeroGradLeavesNoResidue) {
   const v1::JobSpec spec = Spec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})");
   std::unique_ptr<Replica> r = *Replica::Create(spec, at::kCPU);
   r->InjectNonFinite();
-  EXPECT_TRUE(r->UnscaleAndCheck(1.0).found_inf);
+  EXPECT_TRUE(r->UnscaleAndNorm(1.0).found_inf);
   r->ZeroGrad();
-  const UnscaleResult after = r->UnscaleAndCheck(1.0);
+  const UnscaleResult after = r->UnscaleAndNorm(1.0);
   EXPECT_FALSE(after.found_inf);
   EXPECT_EQ(after.grad_norm, 0.0);
 }

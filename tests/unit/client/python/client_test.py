@@ -219,8 +219,12 @@ class ClientTest(unittest.TestCase):
             ("GetJob", C.NOT_FOUND, "no job job-9 (trainstep job list shows them)",
              trainstep.NotFound, "no job job-9 (trainstep job list shows them)"),
             ("GetJob", C.RESOURCE_EXHAUSTED, "quota", trainstep.TrainstepError, "quota"),
-            ("GetJob", C.PERMISSION_DENIED, "", trainstep.TrainstepError,
-             "call failed with gRPC code PERMISSION_DENIED"),
+            ("GetJob", C.INTERNAL, "", trainstep.TrainstepError,
+             "call failed with gRPC code INTERNAL"),
+            ("GetJob", C.PERMISSION_DENIED, "vic may not", trainstep.PermissionDenied,
+             "permission denied: vic may not"),
+            ("GetJob", C.UNAUTHENTICATED, "GetJob needs a credential", trainstep.Unauthenticated,
+             "not authenticated: GetJob needs a credential"),
         ]
         for method, code, details, cls, message in cases:
             with self.subTest(method=method, code=code):
@@ -270,17 +274,18 @@ class ClientTest(unittest.TestCase):
             trainstep.InvalidSpec: "kExitUsage", trainstep.RequestIdConflict: "kExitUsage",
             trainstep.Unavailable: "kExitUnavailable", trainstep.NotFound: "kExitNotFound",
             trainstep.JobFailed: "kExitJobFailed", trainstep.JobCancelled: "kExitJobCancelled",
-            trainstep.NoProgress: "kExitNoProgress",
+            trainstep.NoProgress: "kExitNoProgress", trainstep.Unauthenticated: "kExitDenied",
+            trainstep.PermissionDenied: "kExitDenied",
         }
         for cls, name in expected.items():
             self.assertEqual(cls.exit_code, int(codes[name]), cls.__name__)
         self.assertEqual(set(expected.values()), set(codes) - {"kExitOk"})
 
     # Catches: a default address, message limit or channel behaviour (keepalive, reconnect
-    # backoff, which codes are retried) that differs from the C++ clients' (client/args.h,
+    # backoff, which codes are retried) that differs from the C++ clients' (common/address.h,
     # common/worker_client.*).
     def test_defaults_are_the_cpp_clients(self):
-        with open(os.path.join(SOURCE_DIR, "client", "args.h")) as f:
+        with open(os.path.join(SOURCE_DIR, "common", "address.h")) as f:
             self.assertIn(f'kDefaultCoordinator[] = "{trainstep.DEFAULT_ADDRESS}"', f.read())
         with open(os.path.join(SOURCE_DIR, "common", "worker_client.h")) as f:
             factors = re.search(r"kMaxMessageBytes = ([\d *]+);", f.read()).group(1).split("*")

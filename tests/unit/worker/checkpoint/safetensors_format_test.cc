@@ -166,5 +166,21 @@ TEST(SafetensorsTest, JsonNestingIgnoresBracketsInStrings) {
   EXPECT_FALSE(internal::CheckJsonNesting(R"({"a": [[1]]})", 2).ok());
 }
 
+// Catches: the nesting bound skipped before parsing (hostile text takes the parser minutes), an
+// error that does not name the file, or a parsed object that loses a field.
+TEST(SafetensorsTest, ParseJsonObjectBoundsNestingAndNamesTheFile) {
+  absl::StatusOr<google::protobuf::Struct> ok = internal::ParseJsonObject(R"({"a": 1})", 1, "x");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->fields().at("a").number_value(), 1);
+  absl::StatusOr<google::protobuf::Struct> deep =
+      internal::ParseJsonObject(R"({"a": [1]})", 1, "meta.json");
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(deep.status().message(),
+              HasSubstr("meta.json is invalid: JSON nests deeper than 1 levels"));
+  absl::StatusOr<google::protobuf::Struct> broken = internal::ParseJsonObject("{", 1, "header");
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(broken.status().message(), HasSubstr("header is not valid JSON: "));
+}
+
 }  // namespace
 }  // namespace trainstep::ckpt

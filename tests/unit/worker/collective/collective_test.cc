@@ -86,6 +86,32 @@ TEST(CollectiveTest, GlooSumsInPlaceInBoundedBuckets) {
       });
 }
 
+// Catches: a first bucket as big as the rest (a model under 25 MiB would make one bucket that
+// leaves only when backward ends, so nothing overlaps: issue 16), a first cap that outgrows a
+// smaller `bucket_bytes`, a tensor bigger than the cap split or merged.
+TEST(PlanBucketsTest, FirstBucketIsCappedAtOneMebibyteAsDdpDoes) {
+  auto floats = [](int64_t kib) { return at::zeros({kib * 256}, at::kFloat); };
+  // 256 KiB + 512 KiB fit the first 1 MiB; the next 512 KiB would not; the rest fits 25 MiB.
+  const std::vector<at::Tensor> grads = {floats(256), floats(512), floats(512), floats(2048)};
+  std::vector<BucketRange> plan = PlanBuckets(grads, kDefaultBucketBytes);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].begin, 0u);
+  EXPECT_EQ(plan[0].end, 2u);
+  EXPECT_EQ(plan[0].bytes, 768 * 1024);
+  EXPECT_EQ(plan[1].end, 4u);
+  EXPECT_EQ(plan[1].bytes, 2560 * 1024);
+  // A 2 MiB tensor first goes alone, then the rest share a bucket.
+  plan = PlanBuckets({floats(2048), floats(256), floats(256)}, kDefaultBucketBytes);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].end, 1u);
+  // bucket_bytes below the first cap bounds the first bucket too.
+  plan = PlanBuckets({floats(1), floats(1), floats(1)}, /*bucket_bytes=*/2048);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].bytes, 2048);
+  // A first cap equal to the rest gives the plain 25 MiB rule: one bucket.
+  EXPECT_EQ(PlanBuckets(grads, kDefaultBucketBytes, kDefaultBucketBytes).size(), 1u);
+}
+
 // Catches: a broadcast that sends the wrong rank's bytes, truncates, or needs equal sizes.
 TEST(CollectiveTest, GlooBroadcastsBytesFromAnyRank) {
   OnRanks(

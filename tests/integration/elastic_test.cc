@@ -1,0 +1,275 @@
+// Elastic world size through real processes (issue 14): workers killed for good, the job going
+// on with fewer ranks after workers.join_grace, growing back when workers return, and waiting
+// below workers.min. Each case compares its final weights with the same job run by
+// workers.count workers without a fault: the samples of a window do not depend on how many
+// ranks split them, so the weights must not either (up to float summation order).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster_test.h"
+#include "tests/integration/process_cluster.h"
+#include "worker/checkpoint/checkpoint_dir.h"
+
+namespace trainstep {
+namespace {
+
+constexpr int64_t kDefaultUpdates = 300;
+
+class ElasticTest : public testing::ClusterTest {
+ protected:
+  ElasticTest() : ClusterTest("trainstep-elastic-") {}
+
+  // Updates of every job of the test (reference included); set before Reference().
+  int64_t updates_ = kDefaultUpdates;
+
+  // tiny mlp, SGD with momentum, checkpoints every 50 updates; `workers` is the spec's section.
+  std::string Spec(const std::string& ckpt, const std::string& workers) {
+    return absl::StrCat(
+        R"({"seed":11,"model":{"mlp":{"hidden":16}},)",
+        R"("data":{"synthetic_regression":{"samples":96,"in_features":4},"shuffle":true},)",
+        R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":)", workers, ",",
+        R"("optimizer":{"sgd":{"lr":0.02,"momentum":0.9}},"stop":{"max_updates":)", updates_,
+        R"(},"checkpoint":{"dir":")", ckpt, R"(","every_updates":50,"keep_last":0}})");
+  }
+
+  v1::Job Get(const std::string& job_id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::Job job;
+    (void)cluster_->jobs()->GetJob(&ctx, req, &job);
+    return job;
+  }
+
+  // Polls the job (bounded) until `pred` holds; false if it never did.
+  template <typename Pred>
+  bool WaitUntil(const std::string& job_id, Pred pred, absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (pred(Get(job_id))) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  struct Started {
+    std::string job_id;
+    std::vector<pid_t> pids;
+  };
+  // Submits the job with `workers`, starts three workers and waits until all three have
+  // trained together and `updates` updates are committed (a start may first have shrunk: a
+  // worker later than the grace).
+  Started StartFullWorld(const std::string& ckpt, const std::string& workers, int64_t updates) {
+    Started s;
+    absl::StatusOr<std::string> id = cluster_->Submit(Spec(ckpt, workers));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return s;
+    s.job_id = *id;
+    for (int i = 0; i < 3; ++i) s.pids.push_back(*cluster_->StartWorker(*id));
+    // Not just formed: a generation of three that committed updates, so that every rank holds
+    // the current update (a generation killed while its newcomers receive the state rightly
+    // rolls back: seen when this waited only for the world size).
+    int64_t full_from = -1;
+    EXPECT_TRUE(WaitUntil(
+        *id,
+        [&](const v1::Job& j) {
+          if (j.progress().world_size() != 3) {
+            full_from = -1;
+            return false;
+          }
+          if (full_from < 0) full_from = j.progress().optimizer_update_id();
+          const int64_t u = j.progress().optimizer_update_id();
+          return u >= updates && u >= full_from + 5;
+        },
+        absl::Seconds(120)))
+        << cluster_->Logs();
+    return s;
+  }
+
+  // Runs the fault-free reference: workers.count 3, three workers.
+  ckpt::TensorMap Reference() {
+    const std::string ckpt = dir_ + "/ckpt-reference";
+    absl::StatusOr<std::string> id = cluster_->Submit(Spec(ckpt, R"({"count":3})"));
+    EXPECT_TRUE(id.ok()) << id.status();
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(cluster_->StartWorker(*id).ok());
+    absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+    EXPECT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+    return FinalWeights(ckpt);
+  }
+
+  ckpt::TensorMap FinalWeights(const std::string& ckpt) {
+    absl::StatusOr<std::optional<int64_t>> latest = ckpt::LatestCheckpoint(ckpt);
+    EXPECT_TRUE(latest.ok() && latest->has_value());
+    if (!latest.ok() || !latest->has_value()) return {};
+    absl::StatusOr<ckpt::LoadedCheckpoint> l = ckpt::ReadCheckpoint(ckpt, **latest);
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return {};
+    EXPECT_EQ(l->meta.optimizer_update_id, updates_);
+    return l->model;
+  }
+
+  static void ExpectSameWeights(const ckpt::TensorMap& a, const ckpt::TensorMap& b) {
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0.0;  // max|a − b| / max(1, max|a|) over the tensors, for the record
+    for (const auto& [name, t] : a) {
+      const double diff = at::sub(t, b.at(name)).abs().max().item().toDouble();
+      const double scale = std::max(1.0, t.abs().max().item().toDouble());
+      EXPECT_LE(diff, 1e-5 * scale) << name;
+      worst = std::max(worst, diff / scale);
+    }
+    ::testing::Test::RecordProperty("max_rel_weight_diff", absl::StrCat(worst));
+    std::cout << "weights: max relative difference " << worst << "\n";
+  }
+
+  // The world sizes of the committed records, in log order, without repeats.
+  std::vector<int> WorldSizes(const std::string& job_id) {
+    absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id);
+    EXPECT_TRUE(log.ok());
+    std::vector<int> sizes;
+    for (const v1::UpdateRecord& r : log.ok() ? *log : std::vector<v1::UpdateRecord>{}) {
+      if (r.outcome() == "commit" && (sizes.empty() || sizes.back() != r.world_size())) {
+        sizes.push_back(r.world_size());
+      }
+    }
+    return sizes;
+  }
+
+  // No update id committed twice (no rollback redid anything).
+  void ExpectEachUpdateOnce(const std::string& job_id) {
+    absl::StatusOr<std::vector<v1::UpdateRecord>> log = cluster_->Updates(job_id);
+    ASSERT_TRUE(log.ok());
+    std::set<int64_t> seen;
+    for (const v1::UpdateRecord& r : *log) {
+      if (r.outcome() != "commit") continue;
+      EXPECT_TRUE(seen.insert(r.optimizer_update_id()).second)
+          << "update " << r.optimizer_update_id() << " committed twice";
+    }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(updates_));
+  }
+};
+
+// Catches the probe's finding: a job of workers.count 3 whose worker is killed for good waits
+// for ever. It goes on with two ranks after the grace, and its weights equal the reference's.
+TEST_F(ElasticTest, WorkerKilledForGoodFinishesWithFewerAndTheSameWeights) {
+  const ckpt::TensorMap reference = Reference();
+  const std::string ckpt = dir_ + "/ckpt-elastic";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"1s"})", 30);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string* id = &started.job_id;
+  const std::vector<pid_t>& pids = started.pids;
+  cluster_->Kill(pids[1]);
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  EXPECT_EQ(done->progress().world_size(), 2);
+  EXPECT_EQ(done->progress().rollbacks(), 0);
+  const std::vector<int> sizes = WorldSizes(*id);
+  ASSERT_GE(sizes.size(), 2u);
+  EXPECT_EQ(std::vector<int>(sizes.end() - 2, sizes.end()), (std::vector<int>{3, 2}));
+  ExpectEachUpdateOnce(*id);
+  ExpectSameWeights(reference, FinalWeights(ckpt));
+}
+
+// Catches a world that can shrink but never grows back (or grows past workers.count): two of
+// three are killed, one rank trains alone, then three new workers come — two are taken.
+TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
+  // One rank alone runs hundreds of updates a second; the returning workers need a few
+  // seconds to start on a loaded machine, and must find the job still running.
+  updates_ = 1500;
+  const ckpt::TensorMap reference = Reference();
+  const std::string ckpt = dir_ + "/ckpt-elastic";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":1,"join_grace":"0.2s"})", 20);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string* id = &started.job_id;
+  const std::vector<pid_t>& pids = started.pids;
+  cluster_->Kill(pids[0]);
+  cluster_->Kill(pids[2]);
+  ASSERT_TRUE(WaitUntil(
+      *id, [&](const v1::Job& j) { return j.progress().world_size() == 1; }, absl::Seconds(60)))
+      << cluster_->Logs();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  const std::vector<int> sizes = WorldSizes(*id);
+  ASSERT_GE(sizes.size(), 3u);
+  EXPECT_NE(std::find(sizes.begin(), sizes.end(), 1), sizes.end());
+  EXPECT_EQ(sizes.back(), 3);
+  for (int s : sizes) EXPECT_LE(s, 3);
+  EXPECT_EQ(done->progress().rollbacks(), 0);
+  ExpectEachUpdateOnce(*id);
+  ExpectSameWeights(reference, FinalWeights(ckpt));
+}
+
+// Catches a replacement that arrives just after the grace ran out being left out: the job
+// shrinks, then takes it at the next window boundary.
+TEST_F(ElasticTest, GraceThatExpiresWhileAReplacementStarts) {
+  const ckpt::TensorMap reference = Reference();
+  const std::string ckpt = dir_ + "/ckpt-elastic";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"0.1s"})", 30);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string* id = &started.job_id;
+  const std::vector<pid_t>& pids = started.pids;
+  cluster_->Kill(pids[2]);
+  // The replacement starts at once, but a worker process needs far more than 0.1 s to load
+  // LibTorch, register and read its data: the grace runs out first.
+  ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  // The start may have shrunk too (a worker later than 0.1 s); what follows the kill is 2, 3.
+  const std::vector<int> sizes = WorldSizes(*id);
+  ASSERT_GE(sizes.size(), 3u);
+  EXPECT_EQ(std::vector<int>(sizes.end() - 3, sizes.end()), (std::vector<int>{3, 2, 3}));
+  EXPECT_EQ(done->progress().rollbacks(), 0);
+  ExpectEachUpdateOnce(*id);
+  ExpectSameWeights(reference, FinalWeights(ckpt));
+}
+
+// Catches a job below workers.min that trains anyway, rolls back, or waits without saying so:
+// it waits visibly (progress.waiting), keeps every update, and goes on when a worker comes.
+TEST_F(ElasticTest, BelowMinWaitsVisiblyWithoutARollback) {
+  const ckpt::TensorMap reference = Reference();
+  const std::string ckpt = dir_ + "/ckpt-elastic";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":3})", 30);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string* id = &started.job_id;
+  const std::vector<pid_t>& pids = started.pids;
+  cluster_->Kill(pids[0]);
+  v1::Job waiting;
+  ASSERT_TRUE(WaitUntil(
+      *id,
+      [&](const v1::Job& j) {
+        waiting = j;
+        return !j.progress().waiting().empty();
+      },
+      absl::Seconds(30)))
+      << cluster_->Logs();
+  EXPECT_NE(waiting.progress().waiting().find("workers.min is 3"), std::string::npos)
+      << waiting.progress().waiting();
+  EXPECT_EQ(waiting.progress().workers_available(), 2);
+  const int64_t held = waiting.progress().optimizer_update_id();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const v1::Job still = Get(*id);
+  EXPECT_EQ(still.progress().optimizer_update_id(), held);  // nothing trains below min
+  EXPECT_EQ(still.state(), v1::RUNNING);
+  ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  EXPECT_EQ(done->progress().rollbacks(), 0);
+  EXPECT_EQ(WorldSizes(*id), (std::vector<int>{3}));
+  ExpectEachUpdateOnce(*id);
+  ExpectSameWeights(reference, FinalWeights(ckpt));
+}
+
+}  // namespace
+}  // namespace trainstep

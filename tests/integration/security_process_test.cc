@@ -1,0 +1,489 @@
+// TLS, mTLS, roles and the health port through real processes: the coordinator binary, the
+// `trainstep` CLI binary, worker binaries, with certificates from scripts/dev-certs.sh.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/tls.h"
+#include "common/worker_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/process_cluster.h"
+#include "tests/observability/observability_util.h"
+
+namespace trainstep {
+namespace {
+
+using testing::BinDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::ProcessCluster;
+using testing::ReadFile;
+using testing::RunToExit;
+using testing::TempDir;
+
+constexpr char kAdminToken[] = "tok-admin-0123456789";
+constexpr char kAliceToken[] = "tok-alice-0123456789";
+constexpr char kBobToken[] = "tok-bob-000123456789";
+constexpr char kViewerToken[] = "tok-vic-000123456789";
+
+constexpr char kSpec[] =
+    R"({"model":{"mlp":{}},"data":{"synthetic_regression":{"samples":64}},)"
+    R"("batch":{"micro_batch_size":8},"stop":{"max_updates":4},"workers":{"count":2}})";
+
+void Nap(absl::Duration d) {
+  std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(d)));
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  std::filesystem::rename(path + ".tmp", path);  // as a Secret volume swaps its files
+}
+
+// A grpc.health.v1 Check or any unary call with raw bytes: no generated stubs needed.
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& request, std::string* response = nullptr,
+                     std::string* server_pem = nullptr) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  if (status.ok() && response != nullptr) {
+    std::vector<grpc::Slice> slices;
+    (void)resp.Dump(&slices);
+    response->clear();
+    for (const grpc::Slice& s : slices) response->append(s.begin(), s.end());
+  }
+  if (server_pem != nullptr && ctx.auth_context() != nullptr) {
+    for (const grpc::string_ref& v : ctx.auth_context()->FindPropertyValues("x509_pem_cert")) {
+      *server_pem = std::string(v.data(), v.size());
+    }
+  }
+  return status;
+}
+
+constexpr char kHealthCheck[] = "/grpc.health.v1.Health/Check";
+constexpr char kServing[] = "\x08\x01";  // HealthCheckResponse{status: SERVING}
+constexpr char kReflection[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+constexpr char kListServices[] = "\x3a\x00";  // ServerReflectionRequest{list_services: ""}
+
+// A channel of its own (no subchannel shared with earlier channels): a new handshake.
+std::shared_ptr<grpc::Channel> FreshChannel(const std::string& address,
+                                            const ChannelSecurity& security) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(security), args);
+}
+
+class SecurityProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    certs_ = dir_ + "/certs";
+    ASSERT_EQ(DevCerts(certs_), 0) << ReadFile(dir_ + "/dev-certs.log");
+    ASSERT_EQ(DevCerts(dir_ + "/other"), 0) << ReadFile(dir_ + "/dev-certs.log");  // another CA
+    tokens_ = dir_ + "/tokens.txt";
+    WriteFile(tokens_, absl::StrCat(kAdminToken, " root admin\n", kAliceToken, " alice submitter\n",
+                                    kBobToken, " bob submitter\n", kViewerToken, " vic viewer\n"));
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  int DevCerts(const std::string& out) {
+    absl::StatusOr<int> rc = RunToExit(
+        {"/bin/bash", std::string(TRAINSTEP_TEST_SOURCE_DIR) + "/scripts/dev-certs.sh", out},
+        dir_ + "/dev-certs.log", absl::Seconds(60));
+    return rc.ok() ? *rc : -1;
+  }
+
+  ChannelSecurity Client(const std::string& who) const {
+    ChannelSecurity s;
+    s.files.ca = certs_ + "/ca.crt";
+    if (!who.empty()) {
+      s.files.cert = certs_ + "/" + who + ".crt";
+      s.files.key = certs_ + "/" + who + ".key";
+    }
+    return s;
+  }
+
+  // mTLS (client certificates optional beside tokens), both auth files, a health port.
+  std::vector<std::string> SecuredFlags() const {
+    return {"--listen=0.0.0.0:0",
+            "--tls-cert=" + certs_ + "/coordinator.crt",
+            "--tls-key=" + certs_ + "/coordinator.key",
+            "--tls-client-ca=" + certs_ + "/ca.crt",
+            "--auth-certs=" + certs_ + "/auth-certs.txt",
+            "--auth-tokens=" + tokens_,
+            "--health-listen=127.0.0.1:0",
+            "--tls-reload-interval=1s"};
+  }
+
+  std::unique_ptr<ProcessCluster> StartSecured() {
+    absl::StatusOr<std::unique_ptr<ProcessCluster>> c = ProcessCluster::Start(
+        dir_ + "/cluster", absl::Seconds(10), SecuredFlags(), false, Client("client"));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  struct Run {
+    int code = -1;
+    std::string output;  // stdout and stderr
+  };
+  // The CLI binary with `env` (VAR=value...) added to its environment.
+  Run Cli(const std::string& address, const std::vector<std::string>& args,
+          const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = {"/usr/bin/env", "-u", "TRAINSTEP_TOKEN", "-u",
+                                     "TRAINSTEP_TLS_CA"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.push_back(BinDir() + "/trainstep");
+    argv.push_back("--coordinator=" + address);
+    argv.push_back("--timeout=5s");
+    argv.insert(argv.end(), args.begin(), args.end());
+    const std::string log = absl::StrCat(dir_, "/cli-", ++cli_runs_, ".log");
+    absl::StatusOr<int> rc = RunToExit(argv, log, absl::Seconds(60));
+    return {rc.ok() ? *rc : -1, ReadFile(log)};
+  }
+  // The CLI as the holder of `token`.
+  Run As(const std::string& address, const char* token, const std::vector<std::string>& args) {
+    return Cli(address, args,
+               {absl::StrCat("TRAINSTEP_TLS_CA=", certs_, "/ca.crt"),
+                absl::StrCat("TRAINSTEP_TOKEN=", token)});
+  }
+  // The job id `job submit` prints first (its progress lines follow on stderr).
+  static std::string JobIdOf(const Run& submit) {
+    return std::string(
+        absl::StripAsciiWhitespace(submit.output.substr(0, submit.output.find('\n'))));
+  }
+  std::string SpecFile() {
+    const std::string path = dir_ + "/spec.json";
+    WriteFile(path, kSpec);
+    return path;
+  }
+
+  std::string dir_, certs_, tokens_;
+  int cli_runs_ = 0;
+};
+
+// Done-when: through real processes an mTLS job trains end to end. Catches: a worker that
+// cannot speak TLS or present its certificate, the collective's rendezvous store refused to
+// workers, a submitter not recorded as the job's owner, a worker without a credential let in.
+TEST_F(SecurityProcessTest, AnMtlsJobTrainsEndToEnd) {
+  if (!std::filesystem::exists(BinDir() + "/trainstep-worker")) {
+    GTEST_SKIP() << "built without the worker (TRAINSTEP_BUILD_WORKER=OFF)";
+  }
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const Run submit =
+      Cli(c->address(), {"job", "submit", SpecFile()},
+          {"TRAINSTEP_TLS_CA=" + certs_ + "/ca.crt", "TRAINSTEP_TLS_CERT=" + certs_ + "/client.crt",
+           "TRAINSTEP_TLS_KEY=" + certs_ + "/client.key"});
+  ASSERT_EQ(submit.code, 0) << submit.output;
+  const std::string job_id = JobIdOf(submit);
+  const std::vector<std::string> worker_tls = {"--tls-ca=" + certs_ + "/ca.crt",
+                                               "--tls-cert=" + certs_ + "/worker.crt",
+                                               "--tls-key=" + certs_ + "/worker.key"};
+  ASSERT_TRUE(c->StartWorker(job_id, worker_tls).ok());
+  ASSERT_TRUE(c->StartWorker(job_id, worker_tls).ok());
+  // Without a certificate or a token: refused at registration, and it says why.
+  ASSERT_TRUE(c->StartWorker(job_id, {"--tls-ca=" + certs_ + "/ca.crt"}).ok());
+  absl::StatusOr<v1::Job> job = c->WaitForJob(job_id, absl::Minutes(4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->message() << c->Logs();
+  EXPECT_EQ(job->progress().optimizer_update_id(), 4);
+  EXPECT_EQ(job->owner(), "DNS:trainstep-client");
+  const std::vector<int> codes = c->WaitForWorkers(absl::Minutes(1));
+  ASSERT_EQ(codes.size(), 3u);
+  EXPECT_EQ(codes[0], 0) << c->Logs();
+  EXPECT_EQ(codes[1], 0) << c->Logs();
+  EXPECT_NE(codes[2], 0);
+  EXPECT_THAT(ReadFile(c->dir() + "/worker-2.log"), HasSubstr("RegisterWorker needs a credential"));
+}
+
+// Done-when: each role's allowed and refused calls, with the right code. Catches: a role
+// allowed beyond its table, a submitter cancelling another's job, refusals not counted in the
+// metric or logged without the principal, the owner missing from `job get`.
+TEST_F(SecurityProcessTest, EachRoleIsAllowedItsCallsAndRefusedTheRest) {
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const std::string& at = c->address();
+  const std::string spec = SpecFile();
+
+  const Run viewer_list = As(at, kViewerToken, {"job", "list"});
+  EXPECT_EQ(viewer_list.code, 0) << viewer_list.output;
+  const Run viewer_submit = As(at, kViewerToken, {"job", "submit", spec});
+  EXPECT_EQ(viewer_submit.code, 8) << viewer_submit.output;
+  EXPECT_THAT(viewer_submit.output,
+              HasSubstr("permission denied: token principal \"vic\" (roles viewer) may not call "
+                        "SubmitJob: it needs the role submitter or admin"));
+
+  const Run alice_submit = As(at, kAliceToken, {"job", "submit", spec});
+  ASSERT_EQ(alice_submit.code, 0) << alice_submit.output;
+  const std::string alices = JobIdOf(alice_submit);
+  // bob's submit of the same file in the same minute is his own job (not alice's, by the id).
+  const Run bob_submit = As(at, kBobToken, {"job", "submit", spec});
+  ASSERT_EQ(bob_submit.code, 0) << bob_submit.output;
+  const std::string bobs = JobIdOf(bob_submit);
+  EXPECT_NE(alices, bobs);
+  EXPECT_THAT(As(at, kViewerToken, {"job", "get", alices, "-o", "json"}).output,
+              HasSubstr("\"owner\": \"alice\""));
+  const Run bob_cancels_alices = As(at, kBobToken, {"job", "cancel", alices});
+  EXPECT_EQ(bob_cancels_alices.code, 8) << bob_cancels_alices.output;
+  EXPECT_THAT(bob_cancels_alices.output, HasSubstr("\"bob\" may cancel only its own jobs"));
+  EXPECT_EQ(As(at, kViewerToken, {"job", "cancel", bobs}).code, 8);
+  EXPECT_EQ(As(at, kBobToken, {"job", "cancel", bobs}).code, 0);
+  EXPECT_EQ(As(at, kAdminToken, {"job", "cancel", alices}).code, 0);
+  EXPECT_EQ(As(at, kViewerToken, {"worker", "list"}).code, 0);
+
+  // No credential at all, and a token nobody issued.
+  const Run anonymous = Cli(at, {"job", "list"}, {"TRAINSTEP_TLS_CA=" + certs_ + "/ca.crt"});
+  EXPECT_EQ(anonymous.code, 8) << anonymous.output;
+  EXPECT_THAT(anonymous.output, HasSubstr("not authenticated: ListJobs needs a credential"));
+  const Run forged = As(at, "tok-forged-0123456789", {"job", "list"});
+  EXPECT_EQ(forged.code, 8) << forged.output;
+  EXPECT_THAT(forged.output, HasSubstr("not one this coordinator knows"));
+  // The worker's certificate is for WorkerService only.
+  const Run worker_cli =
+      Cli(at, {"job", "list"},
+          {"TRAINSTEP_TLS_CA=" + certs_ + "/ca.crt", "TRAINSTEP_TLS_CERT=" + certs_ + "/worker.crt",
+           "TRAINSTEP_TLS_KEY=" + certs_ + "/worker.key"});
+  EXPECT_EQ(worker_cli.code, 8) << worker_cli.output;
+  EXPECT_THAT(worker_cli.output, HasSubstr("certificate principal \"DNS:trainstep-worker\""));
+
+  // WorkerService: workers and admins; not viewers or submitters.
+  const Run third = As(at, kAliceToken, {"job", "submit", spec, "--request-id", "third"});
+  ASSERT_EQ(third.code, 0) << third.output;
+  const std::string live = JobIdOf(third);
+  ChannelSecurity viewer = Client("");
+  viewer.token = kViewerToken;
+  EXPECT_EQ(WorkerClient(MakeChannel(at, viewer)).StoreNumKeys(live).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  ChannelSecurity alice = Client("");
+  alice.token = kAliceToken;
+  EXPECT_EQ(WorkerClient(MakeChannel(at, alice)).StoreNumKeys(live).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("worker"))).StoreNumKeys(live).ok());
+  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("client"))).StoreNumKeys(live).ok());
+
+  // A worker limited to one job (the file re-read while serving): that job only, and a
+  // registration must name it.
+  WriteFile(certs_ + "/auth-certs.txt",
+            absl::StrCat("DNS:trainstep-worker worker:", live, "\nDNS:trainstep-client admin\n"));
+  Nap(absl::Milliseconds(1500));
+  WorkerClientOptions quick;
+  quick.connect_timeout = absl::Seconds(5);
+  WorkerClient limited(MakeChannel(at, Client("worker")), quick);
+  EXPECT_TRUE(limited.StoreNumKeys(live).ok());
+  absl::StatusOr<int64_t> other = limited.StoreNumKeys(alices);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(other.status().message(), HasSubstr("a worker of " + live + " only"));
+  v1::RegisterWorkerRequest anywhere;
+  anywhere.set_name("w");
+  EXPECT_EQ(limited.RegisterWorker(anywhere).status().code(), absl::StatusCode::kPermissionDenied);
+
+  // Counted by method and code, logged with the principal.
+  absl::StatusOr<std::string> metrics = obs::HttpGet(c->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("trainstep_rpc_auth_failures_total{code=\"permission_denied\","
+                                  "method=\"SubmitJob\"} 1"));
+  EXPECT_THAT(*metrics, HasSubstr("trainstep_rpc_auth_failures_total{code=\"unauthenticated\","
+                                  "method=\"ListJobs\"} 2"));
+  EXPECT_THAT(*metrics, HasSubstr("trainstep_rpc_auth_failures_total{code=\"permission_denied\","
+                                  "method=\"CancelJob\"} 2"));
+  // CONVENTIONS.md: the exposition, with the new counter in it, passes promtool.
+  if (std::optional<std::string> promtool = obs::FindProgram("promtool")) {
+    const obs::ProcessResult check = obs::RunProgram({*promtool, "check", "metrics"}, *metrics);
+    EXPECT_EQ(check.exit_code, 0) << check.output;
+  }
+  const std::string log = ReadFile(c->dir() + "/coordinator.log");
+  EXPECT_THAT(log, HasSubstr("refused SubmitJob from token \"vic\""));
+  EXPECT_THAT(log, HasSubstr("refused CancelJob from \"bob\""));
+}
+
+// Done-when: a plaintext or wrong-CA client is refused, and each failure says which. Catches:
+// a TLS failure reported as "is it running?", a required client certificate not required.
+TEST_F(SecurityProcessTest, PlaintextWrongCaAndWrongHostClientsAreRefusedSayingWhich) {
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const std::string& at = c->address();
+  const Run plaintext = Cli(at, {"job", "list"});
+  EXPECT_EQ(plaintext.code, 3) << plaintext.output;
+  EXPECT_THAT(plaintext.output, HasSubstr("if it serves TLS, pass --tls-ca"));
+  const Run wrong_ca = Cli(
+      at, {"job", "list", "--tls-ca", dir_ + "/other/ca.crt", "--token-file", tokens_ + ".viewer"});
+  EXPECT_EQ(wrong_ca.code, 2) << wrong_ca.output;  // the token file is missing: usage error
+  WriteFile(tokens_ + ".viewer", kViewerToken);
+  const Run untrusted = Cli(
+      at, {"job", "list", "--tls-ca", dir_ + "/other/ca.crt", "--token-file", tokens_ + ".viewer"});
+  EXPECT_EQ(untrusted.code, 3) << untrusted.output;
+  EXPECT_THAT(untrusted.output, HasSubstr("untrusted certificate"));
+  EXPECT_THAT(untrusted.output, Not(HasSubstr("Handshake failed")));  // gRPC's own log is quiet
+  const std::string port = at.substr(at.rfind(':') + 1);
+  const Run wrong_host = Cli("127.0.0.2:" + port, {"job", "list", "--tls-ca", certs_ + "/ca.crt",
+                                                   "--token-file", tokens_ + ".viewer"});
+  EXPECT_EQ(wrong_host.code, 3) << wrong_host.output;
+  EXPECT_THAT(wrong_host.output, HasSubstr("does not name \"127.0.0.2\": wrong host name"));
+  const Run right = Cli("localhost:" + port, {"job", "list", "--tls-ca", certs_ + "/ca.crt",
+                                              "--token-file", tokens_ + ".viewer"});
+  EXPECT_EQ(right.code, 0) << right.output;
+
+  // A TLS client against a plaintext coordinator.
+  absl::StatusOr<std::unique_ptr<ProcessCluster>> plain = ProcessCluster::Start(dir_ + "/plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const Run tls_to_plain =
+      Cli((*plain)->address(), {"job", "list", "--tls-ca", certs_ + "/ca.crt"});
+  EXPECT_EQ(tls_to_plain.code, 3) << tls_to_plain.output;
+  EXPECT_THAT(tls_to_plain.output, HasSubstr("does not speak TLS"));
+
+  // Client certificates required (no tokens): none, or one another CA signed, is refused in
+  // the handshake.
+  absl::StatusOr<std::unique_ptr<ProcessCluster>> mtls = ProcessCluster::Start(
+      dir_ + "/mtls", absl::Seconds(10),
+      {"--tls-cert=" + certs_ + "/coordinator.crt", "--tls-key=" + certs_ + "/coordinator.key",
+       "--tls-client-ca=" + certs_ + "/ca.crt"},
+      false, Client("client"));
+  ASSERT_TRUE(mtls.ok()) << mtls.status();
+  const std::string& m = (*mtls)->address();
+  const Run no_cert = Cli(m, {"job", "list", "--tls-ca", certs_ + "/ca.crt"});
+  EXPECT_EQ(no_cert.code, 3) << no_cert.output;
+  EXPECT_THAT(no_cert.output, HasSubstr("pass --tls-cert and --tls-key"));
+  const Run foreign = Cli(m, {"job", "list", "--tls-ca", certs_ + "/ca.crt", "--tls-cert",
+                              dir_ + "/other/client.crt", "--tls-key", dir_ + "/other/client.key"});
+  EXPECT_EQ(foreign.code, 3) << foreign.output;
+  EXPECT_THAT(foreign.output, HasSubstr("did not accept " + dir_ + "/other/client.crt"));
+  const Run admitted = Cli(m, {"job", "list", "--tls-ca", certs_ + "/ca.crt", "--tls-cert",
+                               certs_ + "/client.crt", "--tls-key", certs_ + "/client.key"});
+  EXPECT_EQ(admitted.code, 0) << admitted.output;
+}
+
+// Done-when: a certificate rotated on disk is picked up without a restart; and a token
+// added or revoked in --auth-tokens. Catches: credentials read once at start (cert-manager's
+// renewal would need a restart; a revoked token would keep working).
+TEST_F(SecurityProcessTest, RotatedCertificatesAndTokensArePickedUpWithoutARestart) {
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const pid_t pid = c->coordinator_pid();
+  std::string before;
+  ASSERT_TRUE(
+      RawCall(FreshChannel(c->address(), Client("client")), kHealthCheck, "", nullptr, &before)
+          .ok());
+  EXPECT_EQ(before, ReadFile(certs_ + "/coordinator.crt"));
+  ASSERT_EQ(DevCerts(certs_), 0);  // new leaf certificates from the same CA
+  const std::string rotated = ReadFile(certs_ + "/coordinator.crt");
+  ASSERT_NE(rotated, before);
+  std::string seen;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(20);
+       seen != rotated && absl::Now() < give_up;) {
+    Nap(absl::Milliseconds(200));
+    seen.clear();
+    // The client's own certificate rotated too: its new one is accepted.
+    (void)RawCall(FreshChannel(c->address(), Client("client")), kHealthCheck, "", nullptr, &seen);
+  }
+  EXPECT_EQ(seen, rotated) << "the coordinator still presents its old certificate";
+  EXPECT_EQ(c->coordinator_pid(), pid);
+
+  const Run before_token = As(c->address(), "tok-carol-0123456789", {"job", "list"});
+  EXPECT_EQ(before_token.code, 8) << before_token.output;
+  WriteFile(tokens_, absl::StrCat(kAdminToken, " root admin\ntok-carol-0123456789 carol viewer\n"));
+  Run carol, alice;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+    Nap(absl::Milliseconds(300));
+    carol = As(c->address(), "tok-carol-0123456789", {"job", "list"});
+    alice = As(c->address(), kAliceToken, {"job", "list"});
+    if (carol.code == 0 && alice.code == 8) break;
+  }
+  EXPECT_EQ(carol.code, 0) << carol.output;
+  EXPECT_EQ(alice.code, 8) << alice.output;  // revoked
+}
+
+// Done-when (item 3): --health-listen serves grpc.health.v1 alone, in plaintext, for the
+// kubelet; the secured port serves nothing else unauthenticated. Catches: the probe port
+// exposing the job API or reflection, reflection left on a secured port, health needing a
+// credential.
+TEST_F(SecurityProcessTest, TheHealthPortServesHealthAloneAndTheSecuredPortNothingElseOpen) {
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(c->health_port(), 0);
+  const std::string health = absl::StrCat("127.0.0.1:", c->health_port());
+  std::string answer;
+  ASSERT_TRUE(RawCall(FreshChannel(health, {}), kHealthCheck, "", &answer).ok());
+  EXPECT_EQ(answer, std::string(kServing, 2));
+  EXPECT_EQ(RawCall(FreshChannel(health, {}), "/trainstep.v1.JobService/ListJobs", "").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(
+      RawCall(FreshChannel(health, {}), kReflection, std::string(kListServices, 2)).error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+
+  const ChannelSecurity anonymous = Client("");
+  ASSERT_TRUE(RawCall(FreshChannel(c->address(), anonymous), kHealthCheck, "", &answer).ok());
+  EXPECT_EQ(answer, std::string(kServing, 2));
+  EXPECT_EQ(
+      RawCall(FreshChannel(c->address(), anonymous), kReflection, std::string(kListServices, 2))
+          .error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(RawCall(FreshChannel(c->address(), anonymous), "/trainstep.v1.JobService/ListJobs", "")
+                .error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      RawCall(FreshChannel(c->address(), anonymous), "/trainstep.v1.WorkerService/StoreNumKeys", "")
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+
+  // A plaintext loopback coordinator keeps reflection, as before.
+  absl::StatusOr<std::unique_ptr<ProcessCluster>> plain = ProcessCluster::Start(dir_ + "/plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(
+      RawCall(FreshChannel((*plain)->address(), {}), kReflection, std::string(kListServices, 2))
+          .ok());
+}
+
+// Catches: the coordinator starting with flags that would serve everyone, or failing to say
+// which flag is wrong.
+TEST_F(SecurityProcessTest, FlagsThatWouldServeEveryoneRefuseToStart) {
+  const auto start = [&](const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {BinDir() + "/trainstep-coordinator", "--state-dir",
+                                     dir_ + "/state", "--metrics-listen="};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string log = absl::StrCat(dir_, "/start-", ++cli_runs_, ".log");
+    absl::StatusOr<int> rc = RunToExit(argv, log, absl::Seconds(30));
+    return Run{rc.ok() ? *rc : -1, ReadFile(log)};
+  };
+  const Run tls_only = start({"--listen=0.0.0.0:0", "--tls-cert=" + certs_ + "/coordinator.crt",
+                              "--tls-key=" + certs_ + "/coordinator.key"});
+  EXPECT_EQ(tls_only.code, 1);
+  EXPECT_THAT(tls_only.output, HasSubstr("authenticates nobody"));
+  const Run bad_tokens = start({"--tls-cert=" + certs_ + "/coordinator.crt",
+                                "--tls-key=" + certs_ + "/coordinator.key",
+                                "--auth-tokens=" + certs_ + "/auth-certs.txt"});
+  EXPECT_EQ(bad_tokens.code, 1);
+  EXPECT_THAT(bad_tokens.output, HasSubstr("--auth-tokens " + certs_ + "/auth-certs.txt: line 3"));
+  const Run swapped =
+      start({"--tls-cert=" + certs_ + "/coordinator.key",
+             "--tls-key=" + certs_ + "/coordinator.crt", "--auth-tokens=" + tokens_});
+  EXPECT_EQ(swapped.code, 1);
+  EXPECT_THAT(swapped.output, HasSubstr("--tls-cert " + certs_ + "/coordinator.key: not a PEM"));
+}
+
+}  // namespace
+}  // namespace trainstep

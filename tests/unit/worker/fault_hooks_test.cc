@@ -1,0 +1,79 @@
+// The test-only injections fire exactly where and when they are asked to, and nowhere else:
+// a hook that fired on every rank or in every window would turn the protocol tests that use
+// them (overflow skips, desync aborts) into tests of something else.
+#include "worker/fault_hooks.h"
+
+#include <gtest/gtest.h>
+
+#include "common/spec.h"
+
+namespace trainstep {
+namespace {
+
+std::unique_ptr<Replica> MlpReplica() {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseAndResolveJobSpec(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  std::unique_ptr<Replica> r = *Replica::Create(*spec, at::kCPU);
+  r->ZeroGrad();  // defined, all zero
+  return r;
+}
+
+// Catches: non-finite gradients injected on every rank (the SUM hides which one overflowed)
+// or in windows the spec did not list.
+TEST(FaultHooksTest, NonFiniteOnlyOnRankZeroInListedWindows) {
+  v1::Debug debug;
+  debug.add_nonfinite_grad_windows(3);
+  const FaultHooks hooks(debug, FaultOptions());
+  std::unique_ptr<Replica> r = MlpReplica();
+  hooks.BeforeAllReduce(/*window_id=*/2, /*rank=*/0, *r);
+  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/1, *r);
+  EXPECT_FALSE(r->UnscaleAndNorm(1.0).found_inf);
+  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/0, *r);
+  EXPECT_TRUE(r->UnscaleAndNorm(1.0).found_inf);
+}
+
+// The worker overlaps a window's all-reduce with backward only where no injection changes the
+// gradients first. Catches: an injection the predicate does not announce (it would change a
+// gradient after its bucket left, so only rank 0's copy would hold the inf: no overflow seen).
+TEST(FaultHooksTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
+  v1::Debug debug;
+  debug.add_nonfinite_grad_windows(3);
+  debug.add_nonfinite_grad_windows(8);
+  const FaultHooks hooks(debug, FaultOptions());
+  for (int64_t window = 1; window <= 9; ++window) {
+    for (int32_t rank : {0, 1}) {
+      std::unique_ptr<Replica> r = MlpReplica();
+      hooks.BeforeAllReduce(window, rank, *r);
+      EXPECT_EQ(hooks.ChangesGradientsBeforeAllReduce(window, rank),
+                r->UnscaleAndNorm(1.0).found_inf)
+          << "window " << window << " rank " << rank;
+    }
+  }
+  EXPECT_TRUE(hooks.ChangesGradientsBeforeAllReduce(8, 0));
+  EXPECT_FALSE(FaultHooks(v1::Debug(), FaultOptions()).ChangesGradientsBeforeAllReduce(1, 0));
+}
+
+// Catches: the desync nudge applied in the wrong window or not at all.
+TEST(FaultHooksTest, PerturbOnlyInItsWindow) {
+  FaultOptions options;
+  options.perturb_grad_window = 5;
+  const FaultHooks hooks(v1::Debug(), options);
+  std::unique_ptr<Replica> r = MlpReplica();
+  hooks.AfterAllReduce(/*window_id=*/4, /*loss_scale=*/1.0, *r);
+  EXPECT_EQ(r->UnscaleAndNorm(1.0).grad_norm, 0.0);
+  hooks.AfterAllReduce(/*window_id=*/5, /*loss_scale=*/1.0, *r);
+  EXPECT_GT(r->UnscaleAndNorm(1.0).grad_norm, 0.0);
+}
+
+// Catches: --debug-exit-in-eval exiting in another update's evaluation (or with another code).
+TEST(FaultHooksTest, ExitOnlyInItsUpdate) {
+  FaultOptions options;
+  options.exit_in_eval_update = 7;
+  const FaultHooks hooks(v1::Debug(), options);
+  hooks.InEval(6);  // returns
+  EXPECT_EXIT(hooks.InEval(7), testing::ExitedWithCode(3), "exiting in the evaluation of update 7");
+}
+
+}  // namespace
+}  // namespace trainstep

@@ -1,0 +1,32 @@
+#include "worker/fault_hooks.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace trainstep {
+
+void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, Replica& replica) const {
+  if (ChangesGradientsBeforeAllReduce(window_id, rank)) replica.InjectNonFinite();
+}
+
+bool FaultHooks::ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const {
+  if (rank != 0) return false;
+  for (int64_t w : debug_.nonfinite_grad_windows()) {
+    if (w == window_id) return true;
+  }
+  return false;
+}
+
+void FaultHooks::AfterAllReduce(int64_t window_id, double loss_scale, Replica& replica) const {
+  if (options_.perturb_grad_window == window_id) replica.PerturbGradient(1e-2 * loss_scale);
+}
+
+void FaultHooks::InEval(int64_t update_id) const {
+  if (options_.exit_in_eval_update != update_id) return;
+  LogWarning(absl::StrCat("--debug-exit-in-eval: exiting in the evaluation of update ", update_id));
+  _exit(3);
+}
+
+}  // namespace trainstep

@@ -1,0 +1,46 @@
+// Faults injected into a running worker to test the protocol: spec.debug's non-finite
+// gradients, and the --debug-* flags (a desynced replica, an exit during evaluation). One small
+// interface, called at three named points, so the window's code reads as training and every
+// injection lives here. A worker without faults runs the same calls, which do nothing.
+#ifndef TRAINSTEP_WORKER_FAULT_HOOKS_H_
+#define TRAINSTEP_WORKER_FAULT_HOOKS_H_
+
+#include <cstdint>
+
+#include "trainstep/v1/spec.pb.h"
+#include "worker/replica.h"
+
+namespace trainstep {
+
+struct FaultOptions {
+  // Test-only: in this window, this worker perturbs its gradient before reporting (desync).
+  int64_t perturb_grad_window = 0;
+  // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.
+  int64_t exit_in_eval_update = 0;
+};
+
+class FaultHooks {
+ public:
+  FaultHooks(const v1::Debug& debug, FaultOptions options) : debug_(debug), options_(options) {}
+
+  // After the window's micro-steps, before the all-reduce: spec.debug.nonfinite_grad_windows
+  // puts +inf into rank 0's gradient, so every rank sees the overflow after the SUM.
+  void BeforeAllReduce(int64_t window_id, int32_t rank, Replica& replica) const;
+  // Whether BeforeAllReduce changes a gradient in that window on that rank: such a window
+  // all-reduces after backward, not overlapped with it (no bucket may leave before it acts).
+  bool ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const;
+  // After the all-reduce, before unscaling (gradients still ×S): --debug-perturb-grad-window
+  // nudges only this rank's gradient, so its reported norm differs (a desync). Before the SUM
+  // every rank would get the same nudge.
+  void AfterAllReduce(int64_t window_id, double loss_scale, Replica& replica) const;
+  // In the evaluation of `update_id`, before reporting it: --debug-exit-in-eval exits (code 3).
+  void InEval(int64_t update_id) const;
+
+ private:
+  v1::Debug debug_;
+  FaultOptions options_;
+};
+
+}  // namespace trainstep
+
+#endif  // TRAINSTEP_WORKER_FAULT_HOOKS_H_
