@@ -425,7 +425,10 @@ bool StepMachine::StopReachedAfter(int64_t window_id, int64_t update_id) const {
 
 v1::Job StepMachine::Job() const {
   v1::Job job = job_;
+  // Derived from this machine's state alone: a restored job_ still carries its snapshot's
+  // progress, whose conditional fields (waiting, workers_available) must not outlive it.
   v1::JobProgress* p = job.mutable_progress();
+  p->Clear();
   p->set_window_id(last_window_);
   p->set_optimizer_update_id(update_id_);
   p->set_scheduler_step(scheduler_step_);

@@ -1799,6 +1799,32 @@ TEST(StepMachineTest, BelowMinWaitsVisiblyWithoutRollingBack) {
   EXPECT_EQ(sim.progress().rollbacks(), 0);
 }
 
+// Catches a coordinator restarted while a job waited for workers still saying "waiting for
+// workers" once a generation formed: the snapshot's progress outlived what it described (the
+// journal_replay fuzzer's finding: restored and replayed registries diverged).
+TEST(StepMachineTest, WaitingForWorkersDoesNotOutliveARestart) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "1s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.Lose({g1[1], g1[2]});
+  sim.Advance(absl::Seconds(2));
+  sim.HeartbeatAllExcept({});
+  sim.Tick();
+  ASSERT_FALSE(sim.progress().waiting().empty());
+  ASSERT_EQ(sim.progress().workers_available(), 1);
+
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  sim.registry().Recovered(sim.now());
+  sim.HeartbeatAllExcept({});
+  sim.Start(1);  // a second worker: a generation of 2 forms once the join grace ends
+  sim.Advance(absl::Seconds(1));
+  sim.HeartbeatAllExcept({});
+  sim.Tick();
+  ASSERT_EQ(sim.progress().world_size(), 2);
+  EXPECT_EQ(sim.progress().waiting(), "");
+  EXPECT_EQ(sim.progress().workers_available(), 0);
+}
+
 // Catches: a shrunk job that never grows back, grows past workers.count, or grows in the middle
 // of a window (its reports would be thrown away).
 TEST(StepMachineTest, GrowsBackToCountAtAWindowBoundary) {
