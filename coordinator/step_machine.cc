@@ -23,6 +23,23 @@ namespace {
 constexpr double kClipEpsilon = 1e-6;
 constexpr double kNormRelativeTolerance = 1e-6;
 
+// The latest evaluation is the newest update record that carries one. Replay and Restore both
+// read it from the log, so a restored machine cannot disagree with the one it was taken from.
+std::optional<v1::EvalEnded> LatestEval(const std::vector<v1::UpdateRecord>& updates,
+                                        const std::string& job_id) {
+  for (auto it = updates.rbegin(); it != updates.rend(); ++it) {
+    if (!it->has_eval_loss()) continue;
+    v1::EvalEnded e;
+    e.set_job_id(job_id);
+    e.set_generation(it->generation());
+    e.set_optimizer_update_id(it->optimizer_update_id());
+    e.set_eval_loss(it->eval_loss());
+    e.set_valid_units(it->eval_valid_tokens());
+    return e;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 double ClipCoefficient(std::optional<double> max_grad_norm, double grad_norm) {
@@ -84,17 +101,8 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   std::unique_ptr<StepMachine> m(new StepMachine(options, snap.job()));
   m->scaler_ = LossScaler(m->scaler_config_, snap.scaler());
   m->updates_.assign(snap.updates().begin(), snap.updates().end());
-  for (const v1::UpdateRecord& r : m->updates_) {
-    m->counts_.Add(r);
-    if (r.has_eval_loss()) {
-      v1::EvalEnded& e = m->last_eval_.emplace();
-      e.set_job_id(snap.job().job_id());
-      e.set_generation(r.generation());
-      e.set_optimizer_update_id(r.optimizer_update_id());
-      e.set_eval_loss(r.eval_loss());
-      e.set_valid_units(r.eval_valid_tokens());
-    }
-  }
+  for (const v1::UpdateRecord& r : m->updates_) m->counts_.Add(r);
+  m->last_eval_ = LatestEval(m->updates_, snap.job().job_id());
   if (snap.has_eval_due_update_id()) m->eval_due_ = snap.eval_due_update_id();
   m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
                          now + options.worker_lease);
@@ -367,15 +375,15 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
 
 void StepMachine::ApplyEvalEnded(const v1::EvalEnded& ended) {
   // The evaluation belongs to the newest commit of that update (an earlier one may have been
-  // rolled back and committed again).
-  for (auto it = updates_.rbegin(); it != updates_.rend(); ++it) {
-    if (OutcomeOf(*it) == v1::COMMIT && it->optimizer_update_id() == ended.optimizer_update_id()) {
-      it->set_eval_loss(ended.eval_loss());
-      it->set_eval_valid_tokens(ended.valid_units());
-      break;
-    }
-  }
-  last_eval_ = ended;
+  // rolled back and committed again). One of no committed update fits nothing and changes
+  // nothing (only a damaged journal has one: the journal_replay fuzzer's finding).
+  auto it = std::find_if(updates_.rbegin(), updates_.rend(), [&](const v1::UpdateRecord& r) {
+    return OutcomeOf(r) == v1::COMMIT && r.optimizer_update_id() == ended.optimizer_update_id();
+  });
+  if (it == updates_.rend()) return;
+  it->set_eval_loss(ended.eval_loss());
+  it->set_eval_valid_tokens(ended.valid_units());
+  last_eval_ = LatestEval(updates_, job_id());
   if (eval_due_ == ended.optimizer_update_id()) eval_due_.reset();
   eval_attempt_.reset();
 }

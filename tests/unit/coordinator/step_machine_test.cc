@@ -841,6 +841,26 @@ std::vector<v1::EvalEnded> EvalRecords(const std::vector<v1::JournalRecord>& rec
   return out;
 }
 
+// Catches a journaled evaluation of an update that was never committed becoming the job's
+// latest eval loss after replay, but not after a restore from the snapshot that replay
+// writes (the journal_replay fuzzer's finding): it fits nothing and changes nothing.
+TEST(StepMachineTest, AnEvaluationOfNoCommittedUpdateChangesNothing) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(1)));
+  sim.Start(2);
+  ASSERT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  const std::string before = sim.registry().Snapshot().DebugString();
+  v1::JournalRecord record;
+  record.set_time_ms(absl::ToUnixMillis(sim.now()));
+  v1::EvalEnded* e = record.mutable_eval_ended();
+  e->set_job_id(sim.job_id());
+  e->set_generation(1);
+  e->set_optimizer_update_id(7);
+  e->set_eval_loss(0.0);
+  ASSERT_TRUE(sim.registry().Apply(record).ok());
+  EXPECT_FALSE(sim.progress().has_last_eval_loss());
+  EXPECT_EQ(sim.registry().Snapshot().DebugString(), before);
+}
+
 // Catches: an eval loss that is a mean of the ranks' means (2.0 here) instead of Σ loss ÷ Σ
 // tokens (1.0), an evaluation asked for off its interval, a next window that starts before the
 // evaluation is recorded, and a result that never reaches the update's record and the progress.
