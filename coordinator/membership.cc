@@ -59,8 +59,8 @@ void Membership::FormGeneration(const v1::GenerationFormed& formed) {
     rank_of_[members_[rank]] = static_cast<int32_t>(rank);
     WorkerEntry* e = FindMutable(members_[rank]);
     if (e == nullptr) {
-      // Only a damaged journal names a worker the job does not know; such a generation can
-      // never run, and Restore reads it the same way (the journal_replay fuzzer's finding).
+      // Not reached: replay refuses a record naming a worker the job does not know
+      // (CheckFollows). Broken rather than skipped, as Restore reads such a snapshot.
       broken_ = true;
       continue;
     }

@@ -754,13 +754,17 @@ void StepMachine::MaybeLeaveGeneration(const std::string& worker_id, absl::Time 
   // A rank waiting for a later generation takes no further part in this one: end it now
   // rather than wait for the others' barriers (they would wait for this rank for ever).
   AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
-  if (!membership_.generation_live()) return;  // the abort ended it
+  if (membership_.generation_live()) EndGeneration("worker left", worker_id, now);
+}
+
+void StepMachine::EndGeneration(const std::string& reason, const std::string& worker_id,
+                                absl::Time now) {
   v1::JournalRecord record;
-  v1::GenerationEnded* left = record.mutable_generation_ended();
-  left->set_job_id(job_id());
-  left->set_generation(membership_.generation());
-  left->set_reason("worker left");
-  left->set_worker_id(worker_id);
+  v1::GenerationEnded* ended = record.mutable_generation_ended();
+  ended->set_job_id(job_id());
+  ended->set_generation(membership_.generation());
+  ended->set_reason(reason);
+  if (!worker_id.empty()) ended->set_worker_id(worker_id);
   Emit(std::move(record), now);
 }
 
@@ -795,12 +799,7 @@ absl::Status StepMachine::RendezvousKeyMissing(const std::string& key, absl::Tim
   }
   AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
   if (membership_.generation_live()) {
-    v1::JournalRecord record;
-    v1::GenerationEnded* ended = record.mutable_generation_ended();
-    ended->set_job_id(job_id());
-    ended->set_generation(membership_.generation());
-    ended->set_reason("its rendezvous straddled a coordinator restart");
-    Emit(std::move(record), now);
+    EndGeneration("its rendezvous straddled a coordinator restart", /*worker_id=*/"", now);
   }
   MaybeFormGeneration(now);
   return absl::AbortedError(
@@ -1280,12 +1279,7 @@ void StepMachine::MaybeGrow(absl::Time now) {
   // workers.count). The members finish applying this decision first, then say so. Begin
   // reports of the next window sent ahead (pipelined) do not hold this up: no rank computed
   // anything of it, and their calls are answered ABORTED like any of the ended generation.
-  v1::JournalRecord record;
-  v1::GenerationEnded* ended = record.mutable_generation_ended();
-  ended->set_job_id(job_id());
-  ended->set_generation(membership_.generation());
-  ended->set_reason("workers joined");
-  Emit(std::move(record), now);
+  EndGeneration("workers joined", /*worker_id=*/"", now);
   MaybeFormGeneration(now);
 }
 

@@ -213,6 +213,9 @@ class StepMachine {
   absl::Duration HeartbeatInterval() const { return options_.worker_lease / 5; }
   // Ends the current generation if `worker_id`, one of its ranks, said it waits for a later one.
   void MaybeLeaveGeneration(const std::string& worker_id, absl::Time now);
+  // Journals the end of the current generation (GenerationEnded), naming the worker that left
+  // it, if one did.
+  void EndGeneration(const std::string& reason, const std::string& worker_id, absl::Time now);
   v1::UpdateRecord BaseRecord(int64_t window_id) const;
   int64_t EpochOf(int64_t window_id) const;
   // last_dropped_tail_ for the epochs ended so far (last_window_): after every change of it.
