@@ -83,6 +83,37 @@ ABSL_FLAG(std::string, health_listen, "",
 namespace trainstep {
 namespace {
 
+// --help: every flag above belongs to one group (help_process_test checks it).
+BinaryHelp CoordinatorHelp() {
+  BinaryHelp h;
+  h.summary =
+      "trainstep-coordinator: owns every job's optimizer-step protocol, its workers and its "
+      "journal.";
+  h.usage = "  trainstep-coordinator [--listen HOST:PORT] [--state-dir DIR] [flags]\n";
+  h.groups = {
+      {"Connection", {"listen", "health_listen", "port_file", "shutdown_grace_ms"}},
+      {"State", {"state_dir", "snapshot_every"}},
+      {"Worker leases", {"worker_lease_ms", "reconnect_grace_ms", "detach_grace_ms"}},
+      {"Limits",
+       {"max_request_id_bytes", "max_name_bytes", "max_message_bytes", "max_spec_bytes", "max_jobs",
+        "store_max_keys", "store_max_bytes"}},
+      {"Metrics", {"metrics_listen"}},
+      {"Logging", {"log_format"}},
+      {"Security",
+       {"insecure", "tls_cert", "tls_key", "tls_client_ca", "auth_certs", "auth_tokens",
+        "tls_reload_interval"}},
+  };
+  h.environment = "  none: every setting is a flag\n";
+  h.exit_codes =
+      "  0  stopped by SIGTERM or SIGINT after draining its calls\n"
+      "  1  refused to start (a bad flag, a state directory it cannot open, a port in use),\n"
+      "     or stopped because the journal could not be written\n";
+  h.example =
+      "  trainstep-coordinator --listen 0.0.0.0:7070 --state-dir /var/lib/trainstep \\\n"
+      "    --tls-cert coordinator.crt --tls-key coordinator.key --tls-client-ca ca.crt\n";
+  return h;
+}
+
 // Every refusal to start and every fatal error: the reason on stderr, exit code 1.
 int Fail(absl::string_view message) {
   LogError(message);
@@ -265,12 +296,8 @@ int Serve(const ServeOptions& o, const PrometheusMetrics* prometheus, sigset_t* 
 }
 
 int Main(int argc, char** argv) {
-  if (absl::Status s = ParseCommandLineAndLogFormat(
-          argc, argv,
-          "The trainstep coordinator: owns every job's optimizer-step protocol.\n"
-          "Usage: trainstep-coordinator [--listen 127.0.0.1:7070] [--state-dir DIR] "
-          "[--metrics-listen 127.0.0.1:9464]",
-          FLAGS_log_format);
+  if (absl::Status s =
+          ParseCommandLineAndLogFormat(argc, argv, CoordinatorHelp(), FLAGS_log_format);
       !s.ok()) {
     return Fail(s.message());
   }

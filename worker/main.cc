@@ -86,6 +86,45 @@ ABSL_FLAG(std::string, debug_cpuinfo, "",
 namespace trainstep {
 namespace {
 
+// --help: every flag above belongs to one group (help_process_test checks it).
+BinaryHelp WorkerHelp() {
+  BinaryHelp h;
+  h.summary = "trainstep-worker: trains one data-parallel replica of a job for the coordinator.";
+  h.usage =
+      "  trainstep-worker [--coordinator HOST:PORT] [--job ID] [flags]\n"
+      "  trainstep-worker --generate --checkpoint DIR/ckpt-<id> [--prompt TEXT]\n"
+      "  trainstep-worker --host-info\n";
+  h.groups = {
+      {"Connection",
+       {"coordinator", "job", "name", "connect_timeout", "collective_host",
+        "collective_timeout_ms"}},
+      {"Compute", {"device", "threads", "overlap_allreduce", "pipeline_begin"}},
+      {"Data paths", {"allowed_roots"}},
+      {"Metrics", {"metrics_listen", "port_file"}},
+      {"Logging", {"log_format"}},
+      {"Security", {"tls_ca", "tls_cert", "tls_key", "token_file", "tls_reload_interval"}},
+      {"Other modes (print, then exit; no training)",
+       {"host_info", "generate", "checkpoint", "prompt", "tokens", "temperature"}},
+  };
+  h.environment =
+      "  TRAINSTEP_COORDINATOR   default for --coordinator\n"
+      "  TRAINSTEP_TLS_CA, TRAINSTEP_TLS_CERT, TRAINSTEP_TLS_KEY\n"
+      "                          defaults for --tls-ca, --tls-cert, --tls-key\n"
+      "  TRAINSTEP_TOKEN         the bearer token, when --token-file is not given\n"
+      "  LOCAL_RANK              --device auto|cuda: which GPU (cuda:$LOCAL_RANK)\n"
+      "  CUDA_VISIBLE_DEVICES    the GPUs cuda:N counts\n"
+      "  OMP_NUM_THREADS         --threads 0: the compute threads\n"
+      "  LOCAL_WORLD_SIZE        --threads 0: workers on this host, sharing its cores\n";
+  h.exit_codes =
+      "  0  the job ended (done, cancelled, or failed by another rank: nothing to restart),\n"
+      "     or --generate / --host-info printed their output\n"
+      "  1  this worker failed: no coordinator within --connect-timeout, an error in its data,\n"
+      "     model, collective or checkpoint; also an unknown flag\n"
+      "  2  refused to start: a flag or environment variable with a bad value\n";
+  h.example = "  trainstep-worker --coordinator 10.0.0.5:7070 --job job-1 --allowed-roots /data\n";
+  return h;
+}
+
 // Every refusal to start: the reason on stderr, exit code 2.
 int Fail(absl::string_view message) {
   LogError(message);
@@ -201,11 +240,7 @@ int RunWorker(WorkerOptions options) {
 int Main(int argc, char** argv) {
   // Before the first tensor: steady-state micro-steps then reuse heap memory (malloc_config.h).
   ConfigureMallocForTraining();
-  if (absl::Status s = ParseCommandLineAndLogFormat(
-          argc, argv,
-          "A trainstep worker: trains one data-parallel replica for the coordinator.\n"
-          "Usage: trainstep-worker --coordinator HOST:PORT [--job ID] [--metrics-listen ADDR]",
-          FLAGS_log_format);
+  if (absl::Status s = ParseCommandLineAndLogFormat(argc, argv, WorkerHelp(), FLAGS_log_format);
       !s.ok()) {
     return Fail(s.message());
   }

@@ -6,10 +6,15 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "common/log.h"
 
 ABSL_FLAG(std::string, test_log_format, "text", "the test's --log-format");
 ABSL_FLAG(std::string, test_state_dir, "", "a kebab-case flag");
+ABSL_FLAG(int64_t, test_lease_ms, 10000, "a grouped flag");
+ABSL_FLAG(bool, test_ungrouped, false, "a flag no group names");
+ABSL_FLAG(int64_t, test_hook, 0, "TEST ONLY: a hook by its help");
+ABSL_FLAG(std::string, debug_test_file, "", "a hook by its name");
 
 namespace trainstep {
 namespace {
@@ -40,6 +45,54 @@ TEST(FlagsTest, LogFormatIsCheckedBeforeItIsApplied) {
   EXPECT_EQ(GetLogFormat(), LogFormat::kText);
 }
 
+std::vector<const absl::CommandLineFlag*> Flags(const std::vector<std::string>& names) {
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const std::string& n : names) flags.push_back(absl::FindCommandLineFlag(n));
+  return flags;
+}
+
+// Catches: --help dropping a flag that no group names, listing a test hook (even one a group
+// names), or showing snake_case names and no defaults.
+TEST(FlagsTest, HelpListsEveryOwnFlagByGroupAndNoTestHook) {
+  BinaryHelp help;
+  help.summary = "prog: does things.";
+  help.usage = "  prog [flags]\n";
+  help.groups = {{"Leases", {"test_lease_ms", "test_hook"}}, {"State", {"test_state_dir"}}};
+  help.exit_codes = "  0  done\n";
+  help.example = "  prog --test-lease-ms 5\n";
+  const std::string text = HelpText(help, Flags({"debug_test_file", "test_hook", "test_lease_ms",
+                                                 "test_state_dir", "test_ungrouped"}));
+  EXPECT_EQ(text,
+            "prog: does things.\n\n"
+            "Usage:\n  prog [flags]\n\n"
+            "Leases:\n"
+            "  --test-lease-ms N (default: 10000)\n      a grouped flag\n\n"
+            "State:\n"
+            "  --test-state-dir VALUE\n      a kebab-case flag\n\n"
+            "Other flags:\n"
+            "  --test-ungrouped[=true|false] (default: false)\n      a flag no group names\n\n"
+            "Flags may be written --like-this or --like_this, the value after a space or an "
+            "'=' (booleans:\n--flag or --flag=false). -h, --help prints this; --helpfull lists "
+            "every flag, libraries'\nand test hooks too.\n\n"
+            "Exit codes:\n  0  done\n\nExample:\n  prog --test-lease-ms 5\n");
+}
+
+// Catches: -h refused as an unknown flag, --helpfull (Abseil's full dump) taken for ours,
+// or a "-h" after "--" (an operand) taken for a request for help.
+TEST(FlagsTest, WantsHelpOnlyForHelpBeforeTheOperands) {
+  const auto wants = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return WantsHelp(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_TRUE(wants({"prog", "-h"}));
+  EXPECT_TRUE(wants({"prog", "--listen=x", "--help"}));
+  EXPECT_TRUE(wants({"prog", "--helpshort"}));
+  EXPECT_FALSE(wants({"prog", "--helpfull"}));
+  EXPECT_FALSE(wants({"prog", "--", "-h"}));
+  EXPECT_FALSE(wants({"prog", "--hel"}));
+}
+
 // Catches: the prologue refusing kebab-case names or not applying the binary's --log-format.
 // The only test that parses a command line: Abseil sets the usage message once per process.
 TEST(FlagsTest, PrologueParsesAndAppliesTheLogFormat) {
@@ -47,7 +100,9 @@ TEST(FlagsTest, PrologueParsesAndAppliesTheLogFormat) {
                                    "--test-state-dir=/x-y"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
-  ASSERT_TRUE(ParseCommandLineAndLogFormat(static_cast<int>(argv.size()), argv.data(), "usage",
+  BinaryHelp help;
+  help.summary = "usage";
+  ASSERT_TRUE(ParseCommandLineAndLogFormat(static_cast<int>(argv.size()), argv.data(), help,
                                            FLAGS_test_log_format)
                   .ok());
   EXPECT_EQ(GetLogFormat(), LogFormat::kJson);
