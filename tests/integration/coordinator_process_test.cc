@@ -53,44 +53,38 @@ TEST(CoordinatorProcessTest, SigtermDrainsWaitingCallsAndExitsZero) {
   std::filesystem::remove_all(dir);
 }
 
+// In `dir`: the state of a coordinator that journaled three jobs and stopped.
+void StopWithThreeJobs(const std::string& dir, std::string* state) {
+  *state = dir + "/state";
+  absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c = testing::ProcessCluster::Start(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*c)->Submit(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})").ok());
+  }
+  ASSERT_EQ((*c)->TerminateCoordinator(absl::Seconds(15)), 0);
+}
+
+// `coordinator --state-dir state_dir` to its end, as `uid` when set: its exit code, its
+// output in `log`.
+int RunOnState(const std::string& coordinator, const std::string& state_dir, const std::string& log,
+               std::optional<uid_t> uid = std::nullopt) {
+  absl::StatusOr<int> code = testing::RunToExit(
+      {coordinator, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--state-dir", state_dir},
+      log, absl::Seconds(30), uid);
+  EXPECT_TRUE(code.ok()) << code.status();
+  return code.value_or(-1);
+}
+
 // Catches the probe's crash: a coordinator whose state could not be opened segfaulted (exit
 // 139, nothing on stderr) in ~Coordinator. It must print the reason, naming the file and the
-// offset where there is one, and exit 1, for a journal damaged mid-file, a read-only state
-// directory and a state "directory" that is a file.
+// offset where there is one, and exit 1, for a journal damaged mid-file and a state
+// "directory" that is a file (a read-only one: the next test).
 TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
   const std::string dir = testing::TempDir("badstate");
-  const std::string state = dir + "/state";
-  {
-    absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
-        testing::ProcessCluster::Start(dir);
-    ASSERT_TRUE(c.ok()) << c.status();
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE((*c)->Submit(R"({"model":{"mlp":{}},"data":{"synthetic_regression":{}}})").ok());
-    }
-    ASSERT_EQ((*c)->TerminateCoordinator(absl::Seconds(15)), 0);
-  }
-  const auto run = [&](const std::string& state_dir, const std::string& log,
-                       std::optional<uid_t> uid = std::nullopt) {
-    absl::StatusOr<int> code =
-        testing::RunToExit({testing::BinDir() + "/trainstep-coordinator", "--listen", "127.0.0.1:0",
-                            "--metrics-listen", "", "--state-dir", state_dir},
-                           log, absl::Seconds(30), uid);
-    EXPECT_TRUE(code.ok()) << code.status();
-    return code.value_or(-1);
-  };
+  std::string state;
+  ASSERT_NO_FATAL_FAILURE(StopWithThreeJobs(dir, &state));
+  const std::string coordinator = testing::BinDir() + "/trainstep-coordinator";
   const std::string log_file = state + "/log-000001";
-
-  // Read-only: root ignores permissions, so it runs the coordinator as nobody.
-  ASSERT_EQ(chmod(state.c_str(), 0555), 0);
-  ASSERT_EQ(chmod(log_file.c_str(), 0444), 0);
-  const std::optional<uid_t> unprivileged =
-      geteuid() == 0 ? std::optional<uid_t>(65534) : std::nullopt;
-  EXPECT_EQ(run(state, dir + "/readonly.log", unprivileged), 1);
-  std::string text = testing::ReadFile(dir + "/readonly.log");
-  EXPECT_NE(text.find("cannot open the journal in " + state), std::string::npos) << text;
-  EXPECT_NE(text.find("Permission denied"), std::string::npos) << text;
-  ASSERT_EQ(chmod(state.c_str(), 0755), 0);
-  ASSERT_EQ(chmod(log_file.c_str(), 0644), 0);
 
   // One byte of the second record's length flipped: damage mid-file, refused untouched.
   const std::string before = testing::ReadFile(log_file);
@@ -104,17 +98,51 @@ TEST(CoordinatorProcessTest, UnopenableStateExitsOneWithTheReason) {
     f.put(static_cast<char>(before[second] ^ 0x08));
   }
   const std::string damaged = testing::ReadFile(log_file);
-  EXPECT_EQ(run(state, dir + "/corrupt.log"), 1);
-  text = testing::ReadFile(dir + "/corrupt.log");
+  EXPECT_EQ(RunOnState(coordinator, state, dir + "/corrupt.log"), 1);
+  std::string text = testing::ReadFile(dir + "/corrupt.log");
   EXPECT_NE(text.find(absl::StrCat(log_file, " is damaged at byte offset ", second, ":")),
             std::string::npos)
       << text;
   EXPECT_EQ(testing::ReadFile(log_file), damaged);  // nothing was changed
 
   // A file where the state directory should be.
-  EXPECT_EQ(run(log_file, dir + "/file.log"), 1);
+  EXPECT_EQ(RunOnState(coordinator, log_file, dir + "/file.log"), 1);
   text = testing::ReadFile(dir + "/file.log");
   EXPECT_NE(text.find("cannot open the journal in " + log_file), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
+// Catches the probe's crash (above) for a read-only state directory; and this test failing
+// with exit 127 where the checkout is closed to other users (cloned under /root, into a
+// `mktemp -d`): root runs the coordinator as nobody, who could not execute the build's binary.
+TEST(CoordinatorProcessTest, ReadOnlyStateExitsOneWithTheReason) {
+  const std::string dir = testing::TempDir("readonly");
+  std::string state;
+  ASSERT_NO_FATAL_FAILURE(StopWithThreeJobs(dir, &state));
+  std::string coordinator = testing::BinDir() + "/trainstep-coordinator";
+  std::optional<uid_t> unprivileged;
+  if (geteuid() == 0) {  // root ignores permissions: the coordinator runs as nobody
+    unprivileged = 65534;
+    ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+    absl::StatusOr<std::string> copy = testing::CopyForOtherUsers(coordinator, dir + "/bin");
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    coordinator = *copy;
+    absl::StatusOr<int> probe = testing::RunToExit({coordinator, "--help"}, dir + "/probe.log",
+                                                   absl::Seconds(30), unprivileged);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    if (*probe == 127) {  // execv failed
+      GTEST_SKIP() << "nobody (uid 65534) cannot execute " << coordinator
+                   << ": a folder above it (TMPDIR?) is closed to other users";
+    }
+  }
+  const std::string log_file = state + "/log-000001";
+  ASSERT_EQ(chmod(state.c_str(), 0555), 0);
+  ASSERT_EQ(chmod(log_file.c_str(), 0444), 0);
+  EXPECT_EQ(RunOnState(coordinator, state, dir + "/readonly.log", unprivileged), 1);
+  const std::string text = testing::ReadFile(dir + "/readonly.log");
+  EXPECT_NE(text.find("cannot open the journal in " + state), std::string::npos) << text;
+  EXPECT_NE(text.find("Permission denied"), std::string::npos) << text;
+  ASSERT_EQ(chmod(state.c_str(), 0755), 0);
   std::filesystem::remove_all(dir);
 }
 

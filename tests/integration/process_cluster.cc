@@ -86,6 +86,24 @@ absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::s
   }
 }
 
+absl::StatusOr<std::string> CopyForOtherUsers(const std::string& binary, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::perms open_to_all = fs::perms::owner_all | fs::perms::group_read |
+                                fs::perms::group_exec | fs::perms::others_read |
+                                fs::perms::others_exec;
+  const std::string copy = (fs::path(dir) / fs::path(binary).filename()).string();
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (!error) fs::permissions(dir, open_to_all, error);
+  if (!error) fs::copy_file(binary, copy, fs::copy_options::overwrite_existing, error);
+  if (!error) fs::permissions(copy, open_to_all, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot copy ", binary, " to ", copy, ": ", error.message()));
+  }
+  return copy;
+}
+
 absl::StatusOr<pid_t> ProcessCluster::Spawn(const std::vector<std::string>& argv,
                                             const std::string& log) {
   posix_spawn_file_actions_t actions;

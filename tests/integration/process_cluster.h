@@ -31,6 +31,12 @@ std::string TempDir(const std::string& name);
 absl::StatusOr<int> RunToExit(const std::vector<std::string>& argv, const std::string& log,
                               absl::Duration timeout, std::optional<uid_t> uid = std::nullopt);
 
+// A copy of `binary` in `dir` (created; it and the copy mode 0755) for RunToExit as another
+// user: the build's own is out of that user's reach when the checkout is in a folder only its
+// owner may enter (cloned under /root, or into a `mktemp -d`). Its shared libraries come from
+// system paths, which everyone can read.
+absl::StatusOr<std::string> CopyForOtherUsers(const std::string& binary, const std::string& dir);
+
 class ProcessCluster {
  public:
   // Starts trainstep-coordinator with its state in `dir` (created, emptied first unless
