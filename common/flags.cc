@@ -83,7 +83,9 @@ std::string FlagEntry(const absl::CommandLineFlag& flag) {
   } else {
     value = " N";
   }
-  const std::string fallback = flag.DefaultValue();
+  std::string fallback = flag.DefaultValue();
+  if (!fallback.empty() && flag.IsOfType<std::string>())
+    fallback = absl::StrCat("\"", fallback, "\"");
   return absl::StrCat("  --", absl::StrReplaceAll(flag.Name(), {{"_", "-"}}), value,
                       fallback.empty() ? "" : absl::StrCat(" (default: ", fallback, ")"), "\n",
                       Wrapped(flag.Help()));
@@ -137,9 +139,9 @@ std::string HelpText(const BinaryHelp& help, const std::vector<const absl::Comma
     absl::StrAppend(&s, "\n");
   }
   absl::StrAppend(&s,
-                  "Flags may be written --like-this or --like_this, the value after a space or "
-                  "an '=' (booleans:\n--flag or --flag=false). -h, --help prints this; "
-                  "--helpfull lists every flag, libraries'\nand test hooks too.\n\n");
+                  "Flags may be written --like-this or --like_this, with a value after a space "
+                  "or\nan '=' (booleans: --flag or --flag=false). -h, --help prints this; "
+                  "--helpfull\nlists every flag, libraries' and test hooks too.\n\n");
   if (!help.environment.empty()) absl::StrAppend(&s, "Environment:\n", help.environment, "\n");
   absl::StrAppend(&s, "Exit codes:\n", help.exit_codes, "\nExample:\n", help.example);
   return s;

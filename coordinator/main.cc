@@ -86,9 +86,7 @@ namespace {
 // --help: every flag above belongs to one group (help_process_test checks it).
 BinaryHelp CoordinatorHelp() {
   BinaryHelp h;
-  h.summary =
-      "trainstep-coordinator: owns every job's optimizer-step protocol, its workers and its "
-      "journal.";
+  h.summary = "trainstep-coordinator: owns every job's optimizer-step protocol and journal.";
   h.usage = "  trainstep-coordinator [--listen HOST:PORT] [--state-dir DIR] [flags]\n";
   h.groups = {
       {"Connection", {"listen", "health_listen", "port_file", "shutdown_grace_ms"}},
@@ -106,8 +104,8 @@ BinaryHelp CoordinatorHelp() {
   h.environment = "  none: every setting is a flag\n";
   h.exit_codes =
       "  0  stopped by SIGTERM or SIGINT after draining its calls\n"
-      "  1  refused to start (a bad flag, a state directory it cannot open, a port in use),\n"
-      "     or stopped because the journal could not be written\n";
+      "  1  refused to start (a bad flag, a state directory it cannot open, a port in\n"
+      "     use), or stopped because the journal could not be written\n";
   h.example =
       "  trainstep-coordinator --listen 0.0.0.0:7070 --state-dir /var/lib/trainstep \\\n"
       "    --tls-cert coordinator.crt --tls-key coordinator.key --tls-client-ca ca.crt\n";

@@ -116,10 +116,10 @@ BinaryHelp WorkerHelp() {
       "  OMP_NUM_THREADS         --threads 0: the compute threads\n"
       "  LOCAL_WORLD_SIZE        --threads 0: workers on this host, sharing its cores\n";
   h.exit_codes =
-      "  0  the job ended (done, cancelled, or failed by another rank: nothing to restart),\n"
-      "     or --generate / --host-info printed their output\n"
-      "  1  this worker failed: no coordinator within --connect-timeout, an error in its data,\n"
-      "     model, collective or checkpoint; also an unknown flag\n"
+      "  0  the job ended (done, cancelled, or failed by another rank: nothing to\n"
+      "     restart), or --generate / --host-info printed their output\n"
+      "  1  this worker failed: no coordinator within --connect-timeout, an error in\n"
+      "     its data, model, collective or checkpoint; also an unknown flag\n"
       "  2  refused to start: a flag or environment variable with a bad value\n";
   h.example = "  trainstep-worker --coordinator 10.0.0.5:7070 --job job-1 --allowed-roots /data\n";
   return h;

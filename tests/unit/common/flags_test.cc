@@ -71,9 +71,9 @@ TEST(FlagsTest, HelpListsEveryOwnFlagByGroupAndNoTestHook) {
             "  --test-state-dir VALUE\n      a kebab-case flag\n\n"
             "Other flags:\n"
             "  --test-ungrouped[=true|false] (default: false)\n      a flag no group names\n\n"
-            "Flags may be written --like-this or --like_this, the value after a space or an "
-            "'=' (booleans:\n--flag or --flag=false). -h, --help prints this; --helpfull lists "
-            "every flag, libraries'\nand test hooks too.\n\n"
+            "Flags may be written --like-this or --like_this, with a value after a space or\n"
+            "an '=' (booleans: --flag or --flag=false). -h, --help prints this; --helpfull\n"
+            "lists every flag, libraries' and test hooks too.\n\n"
             "Exit codes:\n  0  done\n\nExample:\n  prog --test-lease-ms 5\n");
 }
 
