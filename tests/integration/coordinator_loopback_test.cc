@@ -34,6 +34,18 @@ std::string Spec(int workers, int64_t samples, const std::string& extra = "") {
                       R"("workers":{"count":)", workers, "}", extra, "}");
 }
 
+// Runs every worker's Run() on its own thread and returns their statuses.
+std::vector<absl::Status> RunAll(std::vector<std::unique_ptr<SimulatedWorker>>& workers) {
+  std::vector<absl::Status> statuses(workers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] { statuses[i] = workers[i]->Run(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& w : workers) w->StopHeartbeats();
+  return statuses;
+}
+
 class LoopbackTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -153,18 +165,6 @@ class LoopbackTest : public ::testing::Test {
   std::string address_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
-
-// Runs every worker's Run() on its own thread and returns their statuses.
-std::vector<absl::Status> RunAll(std::vector<std::unique_ptr<SimulatedWorker>>& workers) {
-  std::vector<absl::Status> statuses(workers.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] { statuses[i] = workers[i]->Run(); });
-  }
-  for (std::thread& t : threads) t.join();
-  for (auto& w : workers) w->StopHeartbeats();
-  return statuses;
-}
 
 // The protocol at scale: W = 8 ranks, 1,000 windows, overflow and empty windows mixed in.
 // Catches: barrier mis-counting, ids advanced on skips, the scaler updated per rank instead
