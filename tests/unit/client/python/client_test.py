@@ -498,7 +498,8 @@ class ClientTest(unittest.TestCase):
         self.fake.watch_streams = [progress_then_deadline, done]
         out = list(self.client.watch("job-7", no_progress_timeout=60))
         self.assertEqual([r["window_id"] for r in out], [1, 2])
-        self.assertEqual([r.from_window_id for r in self.calls("WatchJob")], [0, 1])
+        self.assertEqual([(r.after.generation, r.after.window_id) for r in self.calls("WatchJob")],
+                         [(0, 0), (1, 1)])
 
     # Catches: a caller that stops iterating leaving the stream open on the coordinator.
     def test_stopping_a_watch_cancels_the_stream(self):
