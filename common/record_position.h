@@ -9,8 +9,8 @@
 namespace trainstep {
 
 // Where a record sits in the per-update log, which is ordered by (generation, window_id), each
-// pair once (v1::RecordPosition). WatchJob resumes after a position; the clients drop a record
-// that is not after the last one they handled.
+// pair once (v1::RecordPosition). WatchJob resumes after a position; `job watch` drops a record
+// that is not after the last one it handled (the Python client does the same with tuples).
 inline v1::RecordPosition PositionOf(const v1::UpdateRecord& r) {
   v1::RecordPosition p;
   p.set_generation(r.generation());
