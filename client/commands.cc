@@ -24,6 +24,7 @@
 #include "common/fnv1a.h"
 #include "common/job_state.h"
 #include "common/proto_json.h"
+#include "common/record_position.h"
 #include "common/spec.h"
 #include "common/window_outcome.h"
 #include "common/worker_client.h"
@@ -422,10 +423,9 @@ int JobList(const CommandContext& ctx) {
 int JobWatch(const CommandContext& ctx, const std::string& job_id) {
   ProgressTracker tracker;
   LiveLine line(ctx.err, ctx.live_progress);
-  // (generation, window_id) of the newest record handled: records arrive in this order, and
-  // a resumed stream starts at that window again (an aborted window is retried under the
-  // same id), so anything not newer is a duplicate.
-  std::optional<std::pair<int64_t, int64_t>> last_record;
+  // The newest record handled: a resumed stream starts right after it. Records arrive in
+  // log order, so one not after it (an older coordinator resends the log) is a duplicate.
+  std::optional<v1::RecordPosition> last_record;
   v1::JobState shown_state = v1::JOB_STATE_UNSPECIFIED;
   int64_t shown_generation = -1;
   std::string shown_waiting;
@@ -442,7 +442,7 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
     }
     v1::WatchJobRequest req;
     req.set_job_id(job_id);
-    if (last_record.has_value()) req.set_from_window_id(last_record->second);
+    if (last_record.has_value()) *req.mutable_after() = *last_record;
     std::unique_ptr<grpc::ClientReaderInterface<v1::WatchJobEvent>> reader =
         ctx.stub->WatchJob(&call, req);
     v1::WatchJobEvent event;
@@ -470,9 +470,8 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
         }
       } else if (event.has_update()) {
         const v1::UpdateRecord& r = event.update();
-        const std::pair<int64_t, int64_t> key(r.generation(), r.window_id());
-        if (last_record.has_value() && key <= *last_record) continue;
-        last_record = key;
+        if (last_record.has_value() && !IsAfter(r, *last_record)) continue;
+        last_record = PositionOf(r);
         last_progress = absl::Now();
         tracker.OnUpdate(r, now);
         if (!ctx.live_progress) *ctx.err << UpdateLine(r) << "\n";

@@ -1,12 +1,25 @@
 #include "coordinator/job_service.h"
 
 #include <deque>
+#include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/record_position.h"
 #include "coordinator/grpc_adapters.h"
 
 namespace trainstep {
 namespace {
+
+// Exact resumption (`after`) and the older window-id filter do not combine.
+absl::Status CheckWatchRequest(const v1::WatchJobRequest& req) {
+  if (req.has_after() && req.from_window_id() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WatchJobRequest sets both after (generation ", req.after().generation(), ", window ",
+        req.after().window_id(), ") and from_window_id (", req.from_window_id(), "); set one"));
+  }
+  return absl::OkStatus();
+}
 
 // Streams one job: fetch a batch, write its events one by one, fetch the next.
 class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
@@ -15,6 +28,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
       : c_(c),
         job_id_(req.job_id()),
         from_window_(req.from_window_id()),
+        after_(req.has_after() ? std::optional<v1::RecordPosition>(req.after()) : std::nullopt),
         handle_(std::make_shared<CallHandle>()) {
     Fetch();
   }
@@ -45,6 +59,12 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
         job_id_, cursor_, [this](absl::StatusOr<WatchBatch> batch) { OnBatch(batch); }, handle_);
   }
 
+  // What the request asks for: the records after `after_` (exact), else those from window
+  // from_window_ on.
+  bool Wanted(const v1::UpdateRecord& r) const {
+    return after_.has_value() ? IsAfter(r, *after_) : r.window_id() >= from_window_;
+  }
+
   void OnBatch(absl::StatusOr<WatchBatch>& batch) {
     bool fetch = false;
     {
@@ -59,7 +79,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
       const bool first = cursor_.last_job_state.empty();
       if (first && batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
       for (v1::UpdateRecord& r : batch->updates) {
-        if (r.window_id() >= from_window_) *queue_.emplace_back().mutable_update() = std::move(r);
+        if (Wanted(r)) *queue_.emplace_back().mutable_update() = std::move(r);
       }
       if (!first && batch->job.has_value()) *queue_.emplace_back().mutable_job() = *batch->job;
       cursor_ = batch->cursor;
@@ -93,6 +113,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   Coordinator* const c_;
   const std::string job_id_;
   const int64_t from_window_;
+  const std::optional<v1::RecordPosition> after_;
   const std::shared_ptr<CallHandle> handle_;
   absl::Mutex mu_;
   std::deque<v1::WatchJobEvent> queue_ ABSL_GUARDED_BY(mu_);
@@ -133,6 +154,9 @@ grpc::ServerWriteReactor<v1::WatchJobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
   if (absl::StatusOr<Caller> caller = AuthorizeCall(auth_, ctx, "WatchJob", *req); !caller.ok()) {
     return new RefusedWriteReactor<v1::WatchJobEvent>(caller.status());
+  }
+  if (absl::Status s = CheckWatchRequest(*req); !s.ok()) {
+    return new RefusedWriteReactor<v1::WatchJobEvent>(s);
   }
   return new WatchReactor(c_, *req);
 }

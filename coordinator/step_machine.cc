@@ -486,10 +486,15 @@ v1::Job StepMachine::Job() const {
 }
 
 size_t StepMachine::WatchableUpdates() const {
-  if (!eval_due_.has_value() || terminal() || updates_.empty()) return updates_.size();
-  const v1::UpdateRecord& last = updates_.back();
-  const bool waiting = OutcomeOf(last) == v1::COMMIT && last.optimizer_update_id() == *eval_due_;
-  return updates_.size() - (waiting ? 1 : 0);
+  if (!eval_due_.has_value() || terminal()) return updates_.size();
+  // The commit being evaluated is the newest one (no window commits before its evaluation is
+  // recorded); an abort of the next window may follow it, and waits too: the stream keeps
+  // the log's order.
+  for (size_t i = updates_.size(); i-- > 0;) {
+    if (OutcomeOf(updates_[i]) != v1::COMMIT) continue;
+    return updates_[i].optimizer_update_id() == *eval_due_ ? i : updates_.size();
+  }
+  return updates_.size();
 }
 
 v1::Throughput StepMachine::Throughput(absl::Time now) const {

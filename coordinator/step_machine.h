@@ -112,8 +112,8 @@ class StepMachine {
   absl::Status Cancel(absl::Time now);
   v1::Job Job() const;  // with progress filled in
   const std::vector<v1::UpdateRecord>& updates() const { return updates_; }
-  // How many records a WatchJob stream may send: all but a commit whose evaluation is still
-  // running, so that watchers get that record with its eval_loss.
+  // How many records a WatchJob stream may send: those before a commit whose evaluation is
+  // still running, so that watchers get that record once, with its eval_loss.
   size_t WatchableUpdates() const;
   // Rates over the last minute of the log and the ETA (common/throughput.h).
   v1::Throughput Throughput(absl::Time now) const;

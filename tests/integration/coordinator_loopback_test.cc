@@ -2,8 +2,11 @@
 // speaking WorkerService): the protocol end to end without LibTorch.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +32,18 @@ std::string Spec(int workers, int64_t samples, const std::string& extra = "") {
                       R"("data":{"synthetic_regression":{"samples":)", samples, R"(}},)",
                       R"("batch":{"micro_batch_size":1,"accumulation_steps":1},)",
                       R"("workers":{"count":)", workers, "}", extra, "}");
+}
+
+// Runs every worker's Run() on its own thread and returns their statuses.
+std::vector<absl::Status> RunAll(std::vector<std::unique_ptr<SimulatedWorker>>& workers) {
+  std::vector<absl::Status> statuses(workers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] { statuses[i] = workers[i]->Run(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& w : workers) w->StopHeartbeats();
+  return statuses;
 }
 
 class LoopbackTest : public ::testing::Test {
@@ -110,24 +125,46 @@ class LoopbackTest : public ::testing::Test {
     return out;
   }
 
+  // Two ranks and a standby run `windows` windows under a 400 ms lease; rank 1 crashes in
+  // window 20, so the log has (generation 1, window 20) aborted and (2, 20) its retry.
+  void RunLosingRank1InWindow20(int64_t windows, std::string* job,
+                                std::vector<absl::Status>* statuses) {
+    server_.reset();
+    coordinator_.reset();
+    StartCoordinator(absl::Milliseconds(400));
+    *job = Submit(Spec(2, 2 * windows));
+    std::atomic<SimulatedWorker*> victim{nullptr};
+    auto report = [&](int64_t window, int rank) {
+      if (window == 20 && rank == 1 && victim.load() != nullptr) victim.load()->Crash();
+      return SimReport{};
+    };
+    std::vector<std::unique_ptr<SimulatedWorker>> workers;
+    for (int i = 0; i < 3; ++i) {
+      workers.push_back(std::make_unique<SimulatedWorker>(address_, *job, 2 * windows, report));
+      ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
+    }
+    victim = workers[1].get();
+    *statuses = RunAll(workers);
+  }
+
+  // A WatchJob stream read to its end: its update events, then its status.
+  grpc::Status Watch(const v1::WatchJobRequest& req, std::vector<v1::UpdateRecord>* updates) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    std::unique_ptr<grpc::ClientReader<v1::WatchJobEvent>> reader = jobs_->WatchJob(&ctx, req);
+    v1::WatchJobEvent event;
+    while (reader->Read(&event)) {
+      if (event.has_update()) updates->push_back(event.update());
+    }
+    return reader->Finish();
+  }
+
   std::filesystem::path dir_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorServer> server_;
   std::string address_;
   std::unique_ptr<v1::JobService::Stub> jobs_;
 };
-
-// Runs every worker's Run() on its own thread and returns their statuses.
-std::vector<absl::Status> RunAll(std::vector<std::unique_ptr<SimulatedWorker>>& workers) {
-  std::vector<absl::Status> statuses(workers.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] { statuses[i] = workers[i]->Run(); });
-  }
-  for (std::thread& t : threads) t.join();
-  for (auto& w : workers) w->StopHeartbeats();
-  return statuses;
-}
 
 // The protocol at scale: W = 8 ranks, 1,000 windows, overflow and empty windows mixed in.
 // Catches: barrier mis-counting, ids advanced on skips, the scaler updated per rank instead
@@ -205,23 +242,10 @@ TEST_F(LoopbackTest, EightRanksThousandWindows) {
 // generation, and the aborted window is retried. Catches: a half-applied window, lost or
 // duplicated updates across generations, survivors not rejoining.
 TEST_F(LoopbackTest, LostWorkerIsReplacedAndWindowRetried) {
-  server_.reset();
-  coordinator_.reset();
-  StartCoordinator(absl::Milliseconds(400));
   constexpr int64_t kWindows = 60;
-  const std::string job = Submit(Spec(2, 2 * kWindows));
-  std::atomic<SimulatedWorker*> victim{nullptr};
-  auto report = [&](int64_t window, int rank) {
-    if (window == 20 && rank == 1 && victim.load() != nullptr) victim.load()->Crash();
-    return SimReport{};
-  };
-  std::vector<std::unique_ptr<SimulatedWorker>> workers;
-  for (int i = 0; i < 3; ++i) {  // two ranks and one standby
-    workers.push_back(std::make_unique<SimulatedWorker>(address_, job, 2 * kWindows, report));
-    ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
-  }
-  victim = workers[1].get();
-  std::vector<absl::Status> statuses = RunAll(workers);
+  std::string job;
+  std::vector<absl::Status> statuses;
+  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(kWindows, &job, &statuses));
   EXPECT_TRUE(statuses[0].ok()) << statuses[0];
   EXPECT_EQ(statuses[1].code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(statuses[2].ok()) << statuses[2];
@@ -244,6 +268,57 @@ TEST_F(LoopbackTest, LostWorkerIsReplacedAndWindowRetried) {
   EXPECT_EQ(aborts, 1);
   EXPECT_EQ(next_commit - 1, kWindows);
   EXPECT_EQ(GetJob(job).progress().generation(), 2);
+}
+
+// Catches: a resumed watch that starts at the given window again (the abort sent twice) or
+// leaves out the retry of the same window id, instead of exactly after the given record; and
+// a request that mixes `after` with from_window_id being accepted.
+TEST_F(LoopbackTest, WatchResumedAfterARecordSendsExactlyTheRest) {
+  std::string job;
+  std::vector<absl::Status> statuses;
+  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(30, &job, &statuses));
+  const std::vector<v1::UpdateRecord> log = AllUpdates(job);
+  size_t abort = 0;
+  while (abort < log.size() && log[abort].outcome() != "abort") ++abort;
+  ASSERT_GT(abort, 0u);
+  ASSERT_LT(abort + 1, log.size());
+  ASSERT_EQ(log[abort].window_id(), log[abort + 1].window_id());  // retried under the same id
+  for (size_t at : {abort - 1, abort, abort + 1, log.size() - 1}) {
+    SCOPED_TRACE(absl::StrCat("after record ", at));
+    v1::WatchJobRequest req;
+    req.set_job_id(job);
+    req.mutable_after()->set_generation(log[at].generation());
+    req.mutable_after()->set_window_id(log[at].window_id());
+    std::vector<v1::UpdateRecord> sent;
+    const grpc::Status s = Watch(req, &sent);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(sent.size(), log.size() - at - 1);
+    for (size_t i = 0; i < sent.size(); ++i) {
+      EXPECT_EQ(sent[i].SerializeAsString(), log[at + 1 + i].SerializeAsString()) << i;
+    }
+  }
+
+  // Older clients' from_window_id keeps its meaning: every record from that window on.
+  v1::WatchJobRequest from;
+  from.set_job_id(job);
+  from.set_from_window_id(20);
+  std::vector<v1::UpdateRecord> sent;
+  ASSERT_TRUE(Watch(from, &sent).ok());
+  ASSERT_EQ(sent.size(), log.size() - abort);
+  EXPECT_EQ(sent[0].SerializeAsString(), log[abort].SerializeAsString());
+
+  v1::WatchJobRequest both;
+  both.set_job_id(job);
+  both.set_from_window_id(20);
+  both.mutable_after()->set_generation(1);
+  both.mutable_after()->set_window_id(19);
+  sent.clear();
+  const grpc::Status s = Watch(both, &sent);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "WatchJobRequest sets both after (generation 1, window 19) and from_window_id (20); "
+            "set one");
+  EXPECT_TRUE(sent.empty());
 }
 
 // The coordinator restarts mid-run on the same port and state dir: workers retry, the

@@ -193,8 +193,10 @@ class Client:
         broken_since = None
         said = None  # the failure to report if the stream stays broken
         while True:
-            request = _pb.WatchJobRequest(
-                job_id=job_id, from_window_id=last_record[1] if last_record else 0)
+            # Resume right after the last record yielded (exact, by generation and window).
+            request = _pb.WatchJobRequest(job_id=job_id)
+            if last_record is not None:
+                request.after.generation, request.after.window_id = last_record
             deadline = None
             if no_progress_timeout is not None:
                 deadline = max(last_progress + no_progress_timeout - time.monotonic(), 0.001)
@@ -211,8 +213,8 @@ class Client:
                         job = event.job
                     elif event.HasField("update"):
                         r = event.update
-                        # A resumed stream starts at the last window again (an aborted window
-                        # is retried under the same id): anything not newer is a duplicate.
+                        # Records arrive in log order, (generation, window_id) increasing: one
+                        # not after the last (an older coordinator resends the log) is a duplicate.
                         key = (r.generation, r.window_id)
                         if last_record is not None and key <= last_record:
                             continue

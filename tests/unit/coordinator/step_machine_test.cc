@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/window_outcome.h"
 #include "coordinator/lr_schedule.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
@@ -975,6 +976,32 @@ TEST(StepMachineTest, RankLostDuringEvalRecordsNothingAndTheNextGenerationRetrie
   ASSERT_EQ(evals.size(), 1u);
   EXPECT_EQ(evals[0].generation(), 2);
   EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+}
+
+// Catches: a commit whose evaluation a lost rank interrupted, released to watchers without its
+// eval_loss because the next window's abort was logged after it (the result came too late).
+TEST(StepMachineTest, AbortAfterACommitBeingEvaluatedWaitsForTheEvaluationToo) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(2)));
+  const std::vector<std::string> g1 = sim.Start(2);
+  const std::string standby = sim.AddWorker();
+  ASSERT_TRUE(sim.Heartbeat(standby).ok());
+  sim.RunWindow();
+  ASSERT_TRUE(sim.RunWindow().run_eval());
+  // Both ranks begin window 3 (it waits for the evaluation); rank 1 is lost: window 3 aborts.
+  ASSERT_FALSE(sim.Begin(0, 3, 10)->ready);
+  ASSERT_FALSE(sim.Begin(1, 3, 10)->ready);
+  sim.Lose({g1[1]});
+  const std::vector<v1::UpdateRecord>& log = sim.machine().updates();
+  ASSERT_EQ(log.size(), 3u);
+  ASSERT_EQ(OutcomeOf(log[2]), v1::ABORT);
+  EXPECT_EQ(sim.machine().WatchableUpdates(), 1u);  // update 2 and the abort after it wait
+
+  ASSERT_EQ(sim.generation(), 2);
+  ASSERT_TRUE(sim.Heartbeat(g1[0])->assigned());
+  ASSERT_FALSE(sim.Eval(0, 2, 6, 3)->ready);
+  ASSERT_TRUE(sim.Eval(1, 2, 2, 1)->ready);
+  EXPECT_DOUBLE_EQ(log[1].eval_loss(), 2.0);
+  EXPECT_EQ(sim.machine().WatchableUpdates(), 3u);
 }
 
 // Catches: an evaluation state lost on a coordinator restart (replay or snapshot): the result

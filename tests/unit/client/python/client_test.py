@@ -406,8 +406,41 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([(r["generation"], r["window_id"], r["outcome"]) for r in out],
                          [(1, 1, "commit"), (1, 2, "commit"), (1, 3, "abort"), (2, 3, "commit"),
                           (2, 4, "commit")])
-        self.assertEqual([r.from_window_id for r in self.calls("WatchJob")], [0, 3])
+        calls = self.calls("WatchJob")
+        self.assertEqual([r.from_window_id for r in calls], [0, 0])
+        self.assertEqual([(r.HasField("after"), r.after.generation, r.after.window_id)
+                          for r in calls], [(False, 0, 0), (True, 1, 3)])
         self.assertEqual(final["state"], "SUCCEEDED")
+
+    # Catches: a resume by window id alone (from_window_id), which skips a rollback's records
+    # (their window ids restart below the last one seen): here generation 2's evaluated update 2.
+    def test_watch_resumes_exactly_after_the_last_record_across_a_rollback(self):
+        log = [record(1), record(2, eval_loss=2.5), record(3, outcome="abort"),
+               record(2, generation=2, eval_loss=2.25), record(3, generation=2)]
+        positions = [(r.generation, r.window_id) for r in log]
+
+        def first(request, context):
+            yield pb.WatchJobEvent(job=job())
+            for r in log[:3]:
+                yield pb.WatchJobEvent(update=r)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "coordinator restarting")
+
+        def rest(request, context):
+            # The coordinator's rule: after `after` when set, else from from_window_id on.
+            if request.HasField("after"):
+                at = positions.index((request.after.generation, request.after.window_id))
+                sent = log[at + 1:]
+            else:
+                sent = [r for r in log if r.window_id >= request.from_window_id]
+            yield pb.WatchJobEvent(job=job())
+            for r in sent:
+                yield pb.WatchJobEvent(update=r)
+            yield pb.WatchJobEvent(job=job(types_pb2.SUCCEEDED))
+
+        self.fake.watch_streams = [first, rest]
+        out = list(self.client.watch("job-7"))
+        self.assertEqual([(r["generation"], r["window_id"]) for r in out], positions)
+        self.assertEqual([r["eval_loss"] for r in out], [None, 2.5, None, 2.25, None])
 
     # Catches: a failed or cancelled job ending the watch silently (a script would carry on
     # as if it trained), the records before the end lost, or the final job not attached.
@@ -465,7 +498,8 @@ class ClientTest(unittest.TestCase):
         self.fake.watch_streams = [progress_then_deadline, done]
         out = list(self.client.watch("job-7", no_progress_timeout=60))
         self.assertEqual([r["window_id"] for r in out], [1, 2])
-        self.assertEqual([r.from_window_id for r in self.calls("WatchJob")], [0, 1])
+        self.assertEqual([(r.after.generation, r.after.window_id) for r in self.calls("WatchJob")],
+                         [(0, 0), (1, 1)])
 
     # Catches: a caller that stops iterating leaving the stream open on the coordinator.
     def test_stopping_a_watch_cancels_the_stream(self):
