@@ -668,7 +668,7 @@ int WorkerList(const CommandContext& ctx, const std::string& job_id) {
   const absl::Time now = ctx.clock->Now();
   std::vector<std::vector<Cell>> rows;
   for (const v1::WorkerInfo& w : resp.workers()) {
-    std::string state = v1::WorkerState_Name(w.state());
+    const std::string state = WorkerStateText(w);
     const Color c = w.state() == v1::ACTIVE ? Color::kGreen
                     : w.state() == v1::LOST ? Color::kRed
                                             : Color::kNone;

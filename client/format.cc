@@ -93,6 +93,13 @@ std::string JobStateName(v1::JobState state) {
   return v1::JobState_Name(state);
 }
 
+std::string WorkerStateText(const v1::WorkerInfo& worker) {
+  const std::string state =
+      v1::WorkerState_IsValid(worker.state()) ? v1::WorkerState_Name(worker.state()) : "UNKNOWN";
+  if (worker.replaced_by().empty()) return state;
+  return absl::StrCat(state, " (replaced by ", worker.replaced_by(), ")");
+}
+
 std::string Colorize(const std::string& text, Color color, bool enabled) {
   if (!enabled || color == Color::kNone) return text;
   return absl::StrCat(AnsiCode(color), text, "\033[0m");

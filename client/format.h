@@ -29,6 +29,10 @@ std::string FormatLearningRate(double lr);  // "8.0e-04"
 // "PENDING", "RUNNING", ...
 std::string JobStateName(v1::JobState state);
 
+// The STATE cell of `worker list`: "ACTIVE", "LOST", "LOST (replaced by w-7)" once the
+// same worker registered again under a new id.
+std::string WorkerStateText(const v1::WorkerInfo& worker);
+
 enum class Color { kNone, kRed, kGreen, kYellow, kCyan, kBold };
 // Wraps `text` in the ANSI codes of `color` when `enabled`.
 std::string Colorize(const std::string& text, Color color, bool enabled);

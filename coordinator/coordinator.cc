@@ -349,11 +349,20 @@ absl::Time Coordinator::Tick() {
     const absl::Time now = options_.clock->Now();
     next = now + kMaxTickInterval;
     if (shutting_down_) return next;
-    if (std::optional<absl::Duration> stall = registry_.Tick(now)) {
-      LogWarning(
-          absl::StrCat("the coordinator did not run for ", absl::FormatDuration(*stall),
-                       " (paused, frozen or starved?): every worker's lease restarts now, "
-                       "so that heartbeats queued meanwhile are read before anyone expires"));
+    if (std::optional<JobRegistry::Stall> stall = registry_.Tick(now)) {
+      if (stall->renewed) {
+        LogWarning(
+            absl::StrCat("the coordinator did not run for ", absl::FormatDuration(stall->gap),
+                         " (paused, frozen or starved?): every worker's lease restarts now, "
+                         "so that heartbeats queued meanwhile are read before anyone expires"));
+      } else if (stall->consecutive == JobRegistry::kMaxRenewingStalls + 1) {
+        // Once per run of late ticks: the decision, not every tick of it.
+        LogWarning(absl::StrCat(
+            "the coordinator's ticks came late ", stall->consecutive, " times in a row (this one ",
+            absl::FormatDuration(stall->gap), " after the previous): it runs but ticks late, ",
+            "so leases expire as usual again until a tick is on time (renewing them on every ",
+            "late tick would keep a dead worker for ever)"));
+      }
     }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
@@ -451,8 +460,8 @@ void Coordinator::ListWorkers(const v1::ListWorkersRequest& req,
                               Done<v1::ListWorkersResponse> done) {
   Run<v1::ListWorkersResponse>(
       "",
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
-        ASSIGN_OR_RETURN(v1::ListWorkersResponse resp, registry_.ListWorkersPage(req));
+      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
+        ASSIGN_OR_RETURN(v1::ListWorkersResponse resp, registry_.ListWorkersPage(req, now));
         return Ready(std::move(resp));
       },
       std::move(done), nullptr);

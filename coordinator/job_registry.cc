@@ -235,23 +235,38 @@ absl::StatusOr<v1::ListUpdatesResponse> JobRegistry::ListUpdates(
   return resp;
 }
 
-std::vector<v1::WorkerInfo> JobRegistry::ListWorkers(const std::string& job_id) const {
+std::vector<v1::WorkerInfo> JobRegistry::ListWorkers(const std::string& job_id,
+                                                     std::optional<absl::Time> now) const {
   std::vector<v1::WorkerInfo> out;
   for (const std::string& id : job_order_) {
     if (!job_id.empty() && id != job_id) continue;
-    for (v1::WorkerInfo& w : jobs_.at(id)->Workers()) out.push_back(std::move(w));
+    const StepMachine& m = *jobs_.at(id);
+    const int64_t job_end_ms = m.terminal() ? m.Job().end_time_ms() : 0;
+    for (v1::WorkerInfo& w : m.Workers()) {
+      if (now.has_value() && !StillListed(w, job_end_ms, *now)) continue;
+      out.push_back(std::move(w));
+    }
   }
   return out;
 }
 
+bool JobRegistry::StillListed(const v1::WorkerInfo& w, int64_t job_end_ms, absl::Time now) const {
+  // A view, not a deletion: the rows stay in the state (the job's history, forgotten with the
+  // job), so replay and restore have nothing more to agree on, and the times are journaled.
+  if (w.state() != v1::LOST && job_end_ms == 0) return true;  // a live job's live worker
+  // A LOST row without lost_ms predates the field: it was lost long ago.
+  const int64_t finished_ms = w.state() == v1::LOST ? w.lost_ms() : job_end_ms;
+  return now < absl::FromUnixMillis(finished_ms) + limits_.finished_worker_retention;
+}
+
 absl::StatusOr<v1::ListWorkersResponse> JobRegistry::ListWorkersPage(
-    const v1::ListWorkersRequest& req) const {
+    const v1::ListWorkersRequest& req, absl::Time now) const {
   if (!req.job_id().empty()) RETURN_IF_ERROR(Machine(req.job_id()).status());
   ASSIGN_OR_RETURN(const PageRequest page, ParsePageRequest(req.page_size(), req.page_token(),
                                                             kDefaultPageSize, kMaxPageSize));
   // The token is a position in the list: a job forgotten between pages can shift it (a
   // worker listed twice or skipped), which a listing for humans tolerates.
-  std::vector<v1::WorkerInfo> all = ListWorkers(req.job_id());
+  std::vector<v1::WorkerInfo> all = ListWorkers(req.job_id(), now);
   v1::ListWorkersResponse resp;
   int64_t bytes = 0;
   for (int64_t i = std::max<int64_t>(page.token, 0); i < static_cast<int64_t>(all.size()); ++i) {
@@ -307,15 +322,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobRegistry::RegisterWorker(
     auto it = worker_by_request_.find(req.request_id());
     if (it != worker_by_request_.end()) worker_id = it->second;
   }
-  if (!worker_id.empty()) {
-    // A retried registration of a worker declared lost since gets a fresh identity.
-    absl::StatusOr<StepMachine*> m = Machine(job_of_worker_.at(worker_id));
-    if (m.ok()) {
-      for (const v1::WorkerInfo& w : (*m)->Workers()) {
-        if (w.worker_id() == worker_id && w.state() == v1::LOST) worker_id.clear();
-      }
-    }
-  }
+  // A retried registration of a worker declared lost since gets a fresh identity, which
+  // replaces the lost one.
+  std::string replaces;
+  if (!worker_id.empty() && IsLostWorker(worker_id)) replaces = std::exchange(worker_id, "");
   std::string job_id = req.job_id();
   if (!worker_id.empty()) {
     job_id = job_of_worker_.at(worker_id);
@@ -339,9 +349,29 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobRegistry::RegisterWorker(
   ASSIGN_OR_RETURN(StepMachine * m, Machine(job_id));
   const bool fresh = worker_id.empty();
   if (fresh) worker_id = absl::StrCat(kWorkerPrefix, next_worker_number_);
-  ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp, m->RegisterWorker(worker_id, req, now));
-  if (fresh) IndexWorker(worker_id, job_id, req.request_id());
+  ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp,
+                   m->RegisterWorker(worker_id, req, now, replaces));
+  if (fresh) {
+    IndexWorker(worker_id, job_id, req.request_id());
+    NoteReplaced(replaces, worker_id);
+  }
   return resp;
+}
+
+bool JobRegistry::IsLostWorker(const std::string& worker_id) const {
+  auto job = job_of_worker_.find(worker_id);
+  if (job == job_of_worker_.end()) return false;
+  for (const v1::WorkerInfo& w : jobs_.at(job->second)->Workers()) {
+    if (w.worker_id() == worker_id) return w.state() == v1::LOST;
+  }
+  return false;
+}
+
+void JobRegistry::NoteReplaced(const std::string& replaces, const std::string& by) {
+  auto job = job_of_worker_.find(replaces);
+  if (!replaces.empty() && job != job_of_worker_.end()) {
+    jobs_.at(job->second)->MarkReplaced(replaces, by);
+  }
 }
 
 void JobRegistry::IndexWorker(const std::string& worker_id, const std::string& job_id,
@@ -362,15 +392,22 @@ void JobRegistry::Recovered(absl::Time now) {
   ForgetFinishedBeyond(static_cast<size_t>(std::max<int64_t>(limits_.max_jobs, 1)) + 1);
 }
 
-std::optional<absl::Duration> JobRegistry::Tick(absl::Time now) {
+std::optional<JobRegistry::Stall> JobRegistry::Tick(absl::Time now) {
   const std::optional<absl::Time> previous = std::exchange(last_tick_, now);
+  std::optional<Stall> stall;
   if (previous.has_value() && now - *previous > StallThreshold()) {
+    ++consecutive_stalls_;
+    stall = Stall{now - *previous, consecutive_stalls_, consecutive_stalls_ <= kMaxRenewingStalls};
+  } else {
+    consecutive_stalls_ = 0;
+  }
+  if (stall.has_value() && stall->renewed) {
     // Process what arrived during the stall before expiring anyone: a full lease from now.
     for (auto& [id, m] : jobs_) m->RenewAllLeases(now);
-    return now - *previous;
+  } else {
+    for (auto& [id, m] : jobs_) m->Tick(now);
   }
-  for (auto& [id, m] : jobs_) m->Tick(now);
-  return std::nullopt;
+  return stall;
 }
 
 std::optional<absl::Time> JobRegistry::NextDeadline() const {
@@ -432,9 +469,18 @@ absl::Status JobRegistry::Apply(const v1::JournalRecord& record) {
           absl::StrCat("it registers worker '", worker_id, "', which is ",
                        worker_id.empty() ? "no worker id" : "registered with another job"));
     }
+    if (!w.replaces().empty() && !IsLostWorker(w.replaces())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it registers worker '", worker_id, "' as replacing worker '", w.replaces(),
+                       "', which is not a lost worker of any job"));
+    }
     IndexWorker(worker_id, job_id, w.request_id());
   }
   it->second->Apply(record);
+  if (record.has_worker_registered()) {
+    NoteReplaced(record.worker_registered().replaces(),
+                 record.worker_registered().worker().worker_id());
+  }
   return absl::OkStatus();
 }
 

@@ -52,9 +52,13 @@ class JobRegistry {
   absl::StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& req, absl::Time now,
                                  const Caller& caller = {});
   absl::StatusOr<v1::ListUpdatesResponse> ListUpdates(const v1::ListUpdatesRequest& req) const;
-  std::vector<v1::WorkerInfo> ListWorkers(const std::string& job_id) const;
-  // A page of ListWorkers(req.job_id()); NOT_FOUND for an unknown job.
-  absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const v1::ListWorkersRequest& req) const;
+  // Every worker of the job (all jobs for ""), in registration order; with `now`, only those
+  // still listed then (StillListed).
+  std::vector<v1::WorkerInfo> ListWorkers(const std::string& job_id,
+                                          std::optional<absl::Time> now = std::nullopt) const;
+  // A page of ListWorkers(req.job_id(), now); NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const v1::ListWorkersRequest& req,
+                                                          absl::Time now) const;
 
   // --- WorkerService ---
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const v1::RegisterWorkerRequest& req,
@@ -66,12 +70,23 @@ class JobRegistry {
   absl::StatusOr<const StepMachine*> Machine(const std::string& job_id) const;
 
   // --- Time ---
+  // A Tick that came more than StallThreshold() after the previous one.
+  struct Stall {
+    absl::Duration gap;    // since the previous Tick
+    int consecutive = 0;   // stalled Ticks in a row, this one included
+    bool renewed = false;  // every lease restarted; false beyond kMaxRenewingStalls in a row
+  };
+  // A pause (SIGSTOP, a VM freeze or migration, swapping) shows as one late Tick, or a few
+  // when it comes in steps. More in a row means the coordinator runs but ticks late: it reads
+  // heartbeats between Ticks, so leases are right, and renewing them would keep a dead worker
+  // for ever. So a dead worker outlives at most this many stalls and then its lease.
+  static constexpr int kMaxRenewingStalls = 3;
   // Expires leases, unless the time since the previous Tick shows the coordinator itself was
-  // stalled (paused, frozen, swapped out): then the workers' heartbeats are still queued,
-  // unread, so every lease restarts at `now` instead and nobody expires. Returns how long the
-  // coordinator was stalled, if it was. The driver must tick at least every
+  // stalled: then the workers' heartbeats are still queued, unread, so every lease restarts
+  // at `now` instead and nobody expires, for up to kMaxRenewingStalls Ticks in a row (one on
+  // time ends the run). Returns the stall, if it was one. The driver must tick at least every
   // StallThreshold() / 2 (NextDeadline asks for that), so that a normal gap is never a stall.
-  std::optional<absl::Duration> Tick(absl::Time now);
+  std::optional<Stall> Tick(absl::Time now);
   std::optional<absl::Time> NextDeadline() const;
   // Half a lease: a shorter stall cannot cost a worker that heartbeats every lease / 5 its
   // lease.
@@ -96,6 +111,13 @@ class JobRegistry {
   void Index(const StepMachine& machine);
   void IndexWorker(const std::string& worker_id, const std::string& job_id,
                    const std::string& request_id);
+  bool IsLostWorker(const std::string& worker_id) const;  // of any job this registry holds
+  // Marks `replaces`, a lost worker ("" = none), replaced by `by`: live after `by`'s
+  // registration, in replay after its record, so both end with the same rows.
+  void NoteReplaced(const std::string& replaces, const std::string& by);
+  // A worker lost, or of a job that ended (`job_end_ms` > 0), is listed for
+  // Limits::finished_worker_retention after that; every other worker always.
+  bool StillListed(const v1::WorkerInfo& w, int64_t job_end_ms, absl::Time now) const;
   std::string NewJobId();
   // Forgets finished jobs, oldest first, until fewer than `keep` remain; false if only live
   // ones are left and there are still `keep` or more.
@@ -112,6 +134,7 @@ class JobRegistry {
   int64_t next_job_number_ = 1;
   int64_t next_worker_number_ = 1;
   std::optional<absl::Time> last_tick_;     // ephemeral; unset before the first Tick
+  int consecutive_stalls_ = 0;              // ephemeral: late Ticks since the last on time
   std::vector<v1::JournalRecord> pending_;  // records of machines created in Submit
 };
 

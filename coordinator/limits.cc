@@ -26,6 +26,11 @@ absl::Status ValidateLimits(const Limits& l) {
           absl::StrCat(c.flag, " must be in [", c.min, ", ", c.max, "], got ", c.value));
     }
   }
+  if (l.finished_worker_retention < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--finished-worker-retention must be ≥ 0 (or inf), got ",
+                     absl::FormatDuration(l.finished_worker_retention)));
+  }
   return absl::OkStatus();
 }
 

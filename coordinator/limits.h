@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace trainstep {
 
@@ -22,6 +23,9 @@ struct Limits {
   int64_t max_jobs = 1000;             // --max-jobs: jobs retained, live and finished
   int64_t store_max_keys = 65536;      // --store-max-keys: per job
   int64_t store_max_bytes = 64 << 20;  // --store-max-bytes: per job, keys + values
+  // --finished-worker-retention: how long ListWorkers still shows a worker after it was lost
+  // or its job ended (then it is noise: a pod restarted under a new id); inf = for ever.
+  absl::Duration finished_worker_retention = absl::Minutes(10);
   // Serialized bytes per list page: half the 4 MiB default message limit, so a page of
   // entries that are each bounded by the limits above always fits.
   int64_t list_page_bytes = 2 << 20;

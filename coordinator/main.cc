@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, store_max_keys, trainstep::Limits().store_max_keys,
           "keys one job's rendezvous key-value store may hold");
 ABSL_FLAG(int64_t, store_max_bytes, trainstep::Limits().store_max_bytes,
           "bytes (keys + values) one job's rendezvous key-value store may hold");
+ABSL_FLAG(absl::Duration, finished_worker_retention, trainstep::Limits().finished_worker_retention,
+          "how long `trainstep worker list` still shows a worker after it was lost (or replaced) "
+          "or its job ended; 0 hides it at once, inf keeps it");
 ABSL_FLAG(bool, insecure, false,
           "allow plaintext gRPC without authentication on a non-loopback address (inside a "
           "private network only; logs a warning)");
@@ -138,6 +141,7 @@ absl::StatusOr<Limits> LimitsFromFlags() {
   limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   limits.store_max_keys = absl::GetFlag(FLAGS_store_max_keys);
   limits.store_max_bytes = absl::GetFlag(FLAGS_store_max_bytes);
+  limits.finished_worker_retention = absl::GetFlag(FLAGS_finished_worker_retention);
   RETURN_IF_ERROR(ValidateLimits(limits));
   return limits;
 }

@@ -32,14 +32,20 @@ void Membership::AcceptDataset(const std::string& worker_id) {
   if (e->info.state() == v1::REGISTERED) e->info.set_state(v1::READY);
 }
 
-bool Membership::MarkLost(const std::string& worker_id) {
+bool Membership::MarkLost(const std::string& worker_id, int64_t lost_ms) {
   WorkerEntry* e = FindMutable(worker_id);
   if (e == nullptr || e->info.state() == v1::LOST) return false;
   const bool was_member = RankOf(worker_id) >= 0;
   e->info.set_state(v1::LOST);
   e->info.set_rank(-1);
+  e->info.set_lost_ms(lost_ms);
   if (was_member) broken_ = true;
   return was_member;
+}
+
+void Membership::MarkReplaced(const std::string& worker_id, const std::string& by) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e != nullptr) e->info.set_replaced_by(by);
 }
 
 void Membership::FormGeneration(const v1::GenerationFormed& formed) {

@@ -45,9 +45,11 @@ class Membership {
   // --- Mutations (called from the step machine's Apply) ---
   void Add(const v1::WorkerInfo& info, const std::string& request_id, absl::Time lease_expiry);
   void AcceptDataset(const std::string& worker_id);
-  // Marks the worker lost. Returns true if it was a rank of the current generation,
-  // which then is broken: no window of it can end any more.
-  bool MarkLost(const std::string& worker_id);
+  // Marks the worker lost at `lost_ms` (its record's time). Returns true if it was a rank of
+  // the current generation, which then is broken: no window of it can end any more.
+  bool MarkLost(const std::string& worker_id, int64_t lost_ms);
+  // The lost worker registered again as `by` (the registry's, from by's registration record).
+  void MarkReplaced(const std::string& worker_id, const std::string& by);
   void FormGeneration(const v1::GenerationFormed& formed);
   // The current generation ends without a successor yet (desync: same members re-form).
   void BreakGeneration() { broken_ = true; }

@@ -181,7 +181,7 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
       break;
     }
     case v1::JournalRecord::kWorkerLost:
-      membership_.MarkLost(record.worker_lost().worker_id());
+      membership_.MarkLost(record.worker_lost().worker_id(), record.time_ms());
       break;
     case v1::JournalRecord::kGenerationFormed:
       ApplyGenerationFormed(record.generation_formed(), record.time_ms());
@@ -501,6 +501,10 @@ v1::Throughput StepMachine::Throughput(absl::Time now) const {
   return ComputeThroughput(updates_, Job(), now);
 }
 
+void StepMachine::MarkReplaced(const std::string& worker_id, const std::string& by) {
+  membership_.MarkReplaced(worker_id, by);
+}
+
 std::vector<v1::WorkerInfo> StepMachine::Workers() const {
   std::vector<v1::WorkerInfo> out;
   for (const std::string& id : membership_.order()) out.push_back(membership_.Find(id)->info);
@@ -709,7 +713,8 @@ v1::BeginWindowResponse StepMachine::BarrierResponse(const Attempt& attempt) con
 // --- Worker calls ---
 
 absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
-    const std::string& worker_id, const v1::RegisterWorkerRequest& req, absl::Time now) {
+    const std::string& worker_id, const v1::RegisterWorkerRequest& req, absl::Time now,
+    const std::string& replaces) {
   RETURN_IF_ERROR(CheckRunnable());
   if (membership_.Find(worker_id) == nullptr) {
     v1::JournalRecord record;
@@ -724,6 +729,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
     info->set_registered_ms(absl::ToUnixMillis(now));
     info->set_last_heartbeat_ms(absl::ToUnixMillis(now));
     reg->set_request_id(req.request_id());
+    reg->set_replaces(replaces);
     Emit(std::move(record), now);
   }
   v1::RegisterWorkerResponse resp;

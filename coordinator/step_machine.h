@@ -77,9 +77,11 @@ class StepMachine {
                                               const v1::JobSnapshot& snapshot, absl::Time now);
 
   // --- Worker calls ---
+  // `replaces`: the lost worker (of this job or another) that this one is; the record says so.
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(const std::string& worker_id,
                                                             const v1::RegisterWorkerRequest& req,
-                                                            absl::Time now);
+                                                            absl::Time now,
+                                                            const std::string& replaces = "");
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req, absl::Time now);
   absl::StatusOr<Answer<v1::BeginWindowResponse>> BeginWindow(const v1::BeginWindowRequest& req,
                                                               absl::Time now);
@@ -118,6 +120,9 @@ class StepMachine {
   // Rates over the last minute of the log and the ETA (common/throughput.h).
   v1::Throughput Throughput(absl::Time now) const;
   std::vector<v1::WorkerInfo> Workers() const;
+  // The lost worker `worker_id` registered again as `by`, maybe with another job: applied by
+  // the registry, which sees every job, from `by`'s WorkerRegistered record (live and replay).
+  void MarkReplaced(const std::string& worker_id, const std::string& by);
 
   // --- Time ---
   // Expires leases: a lost rank aborts the window in flight; a new generation forms when

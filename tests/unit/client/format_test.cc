@@ -28,6 +28,21 @@ TEST(FormatTest, JobStateName) {
   EXPECT_EQ(JobStateName(static_cast<v1::JobState>(99)), "UNKNOWN");
 }
 
+// Catches: `worker list` showing a re-registered worker's old row as a bare LOST, without the
+// id that replaced it, or an unknown state printed as nothing.
+TEST(FormatTest, WorkerStateText) {
+  v1::WorkerInfo w;
+  w.set_state(v1::ACTIVE);
+  EXPECT_EQ(WorkerStateText(w), "ACTIVE");
+  w.set_state(v1::LOST);
+  EXPECT_EQ(WorkerStateText(w), "LOST");
+  w.set_replaced_by("w-7");
+  EXPECT_EQ(WorkerStateText(w), "LOST (replaced by w-7)");
+  w.clear_replaced_by();
+  w.set_state(static_cast<v1::WorkerState>(99));
+  EXPECT_EQ(WorkerStateText(w), "UNKNOWN");
+}
+
 // Catches: raw seconds ("80s"), zero-padded or sign-carrying durations.
 TEST(FormatTest, ShortDuration) {
   EXPECT_EQ(ShortDuration(absl::ZeroDuration()), "0s");

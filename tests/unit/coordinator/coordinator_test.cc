@@ -729,6 +729,28 @@ TEST_F(CoordinatorTest, StalledTickRenewsLeasesInsteadOfExpiring) {
   EXPECT_EQ(r->decision().reason(), "WORKER_LOST");
 }
 
+// Catches the unbounded stall guard through the Coordinator: when every tick came more than
+// half a lease late, each renewed every lease, so a rank that stopped heartbeating was never
+// lost and the window waiting for it never ended.
+TEST_F(CoordinatorTest, EveryTickLateStillExpiresASilentWorker) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  coordinator_->Tick();
+  Call<v1::BeginWindowResponse> waiting;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 1, 5), waiting.done(),
+                            std::make_shared<CallHandle>());
+  // Ticks 6 s apart against a 10 s lease; rank 0 heartbeats between them, rank 1 is silent.
+  for (int i = 0; i < 10 && !waiting.answered(); ++i) {
+    clock_.Advance(absl::Seconds(6));
+    ASSERT_TRUE(Heartbeat(job, ranks[0]).ok());
+    coordinator_->Tick();
+  }
+  ASSERT_TRUE(waiting.answered());
+  absl::StatusOr<v1::BeginWindowResponse> r = waiting.Get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->decision().reason(), "WORKER_LOST");
+}
+
 // Catches the crash a probe found: Open failing after the Coordinator object exists ran
 // ~Coordinator → Shutdown on a journal that was never created (a segfault instead of the
 // error naming the file and offset).

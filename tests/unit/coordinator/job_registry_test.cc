@@ -153,9 +153,10 @@ TEST(JobRegistryTest, StallOfTheCoordinatorRenewsLeasesInsteadOfExpiring) {
   sim.Advance(lease + lease / 2);
   sim.Drain();
   const size_t records = sim.records().size();
-  const std::optional<absl::Duration> stall = reg.Tick(sim.now());
+  const std::optional<JobRegistry::Stall> stall = reg.Tick(sim.now());
   ASSERT_TRUE(stall.has_value());
-  EXPECT_EQ(*stall, sim.now() - last_tick);
+  EXPECT_EQ(stall->gap, sim.now() - last_tick);
+  EXPECT_TRUE(stall->renewed);
   sim.Drain();
   EXPECT_EQ(sim.records().size(), records);
   for (const v1::WorkerInfo& w : sim.machine().Workers()) EXPECT_NE(w.state(), v1::LOST);
@@ -170,6 +171,50 @@ TEST(JobRegistryTest, StallOfTheCoordinatorRenewsLeasesInsteadOfExpiring) {
   for (const v1::WorkerInfo& w : sim.machine().Workers()) {
     EXPECT_EQ(w.state() == v1::LOST, w.worker_id() == ids[1]) << w.worker_id();
   }
+}
+
+// Catches the unbounded stall guard: a coordinator whose every tick came more than half a lease
+// late renewed every lease on each one, so a worker that stopped heartbeating was never lost.
+// Beyond kMaxRenewingStalls late ticks in a row leases expire as usual, and one tick on time
+// lets a later pause renew them again.
+TEST(JobRegistryTest, LateTicksInARowStopRenewingLeases) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::vector<std::string> ids = sim.Start(2);
+  JobRegistry& reg = sim.registry();
+  const absl::Duration late = sim.options().worker_lease * 3 / 5;  // > StallThreshold()
+  ASSERT_GT(late, reg.StallThreshold());
+  EXPECT_FALSE(reg.Tick(sim.now()).has_value());
+  const auto lost = [&](const std::string& id) {
+    for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+      if (w.worker_id() == id) return w.state() == v1::LOST;
+    }
+    return false;
+  };
+  // ids[1] is dead; ids[0] heartbeats between the late ticks (the coordinator runs).
+  int ticks = 0;
+  for (; ticks < 10 && !lost(ids[1]); ++ticks) {
+    sim.Advance(late);
+    ASSERT_TRUE(sim.Heartbeat(ids[0]).ok());
+    const std::optional<JobRegistry::Stall> stall = reg.Tick(sim.now());
+    ASSERT_TRUE(stall.has_value());
+    EXPECT_EQ(stall->consecutive, ticks + 1);
+    EXPECT_EQ(stall->renewed, ticks < JobRegistry::kMaxRenewingStalls);
+    sim.Drain();
+  }
+  EXPECT_TRUE(lost(ids[1]));
+  EXPECT_FALSE(lost(ids[0]));
+  // The kMaxRenewingStalls-th renewal gave a lease from then; it ran out two late ticks later.
+  EXPECT_EQ(ticks, JobRegistry::kMaxRenewingStalls + 2);
+
+  // On time again: the next pause is a pause, and renews.
+  sim.Advance(sim.options().worker_lease / 4);
+  EXPECT_FALSE(reg.Tick(sim.now()).has_value());
+  sim.Advance(sim.options().worker_lease * 2);
+  const std::optional<JobRegistry::Stall> pause = reg.Tick(sim.now());
+  ASSERT_TRUE(pause.has_value());
+  EXPECT_EQ(pause->consecutive, 1);
+  EXPECT_TRUE(pause->renewed);
+  EXPECT_FALSE(lost(ids[0]));
 }
 
 // Catches: a bad spec that is accepted, creates a job, or fails without naming the field.
@@ -306,6 +351,91 @@ TEST(JobRegistryTest, RegisterIsIdempotentOnRequestId) {
   EXPECT_EQ(replayed->RegisterWorker(Register("job-2", "pod-a"), kT0)->worker_id(), w);
   EXPECT_EQ(replayed->ListWorkers("").size(), 1u);
   EXPECT_TRUE(replayed->TakeRecords().empty());
+}
+
+// The row of `worker_id` in a listing; fails the test when it is not there.
+v1::WorkerInfo Row(const std::vector<v1::WorkerInfo>& rows, const std::string& worker_id) {
+  for (const v1::WorkerInfo& w : rows) {
+    if (w.worker_id() == worker_id) return w;
+  }
+  ADD_FAILURE() << "no row for " << worker_id;
+  return {};
+}
+
+// Catches: a worker that registered again after it was lost (the same pod, its request id
+// retried) leaving its old identity listed LOST for ever, with nothing saying what became of
+// it. The old row names the new id, in the same job or another, after replay and restore too.
+TEST(JobRegistryTest, ReRegisteredLostWorkerMarksItsOldRowReplaced) {
+  JobRegistry reg{MachineOptions{}};
+  reg.Submit(SubmitWorkers(2), kT0);  // job-1
+  reg.Submit(SubmitWorkers(1), kT0);  // job-2
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1", "pod-a"), kT0)->worker_id(), "w-1");
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1", "pod-b"), kT0)->worker_id(), "w-2");
+  const absl::Time lost_at = kT0 + absl::Seconds(11);
+  reg.Tick(lost_at);  // both leases ran out
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1", "pod-a"), lost_at)->worker_id(), "w-3");
+  ASSERT_EQ(reg.RegisterWorker(Register("job-2", "pod-b"), lost_at)->worker_id(), "w-4");
+  const std::vector<v1::JournalRecord> records = reg.TakeRecords();
+  std::unique_ptr<JobRegistry> replayed = Replay(records);
+  JobRegistry restored{MachineOptions{}};
+  restored.Restore(reg.Snapshot(), lost_at);
+  for (JobRegistry* r : {&reg, replayed.get(), &restored}) {
+    const std::vector<v1::WorkerInfo> rows = r->ListWorkers("");
+    EXPECT_EQ(Row(rows, "w-1").state(), v1::LOST);
+    EXPECT_EQ(Row(rows, "w-1").replaced_by(), "w-3");
+    EXPECT_EQ(Row(rows, "w-1").lost_ms(), absl::ToUnixMillis(lost_at));
+    EXPECT_EQ(Row(rows, "w-2").replaced_by(), "w-4");  // it came back to job-2
+    EXPECT_EQ(Row(rows, "w-3").replaced_by(), "");
+    EXPECT_EQ(Row(rows, "w-3").lost_ms(), 0);
+  }
+}
+
+// Catches: finished rows (a lost or replaced worker, a worker of an ended job) listed for ever.
+// They are listed for --finished-worker-retention after they finished (the journaled times),
+// then no more; a live job's live worker always.
+TEST(JobRegistryTest, FinishedWorkersAreListedForTheRetentionOnly) {
+  Limits limits;
+  limits.finished_worker_retention = absl::Minutes(10);
+  JobRegistry reg{MachineOptions{}, limits};
+  reg.Submit(SubmitWorkers(2), kT0);  // job-1
+  reg.Submit(SubmitWorkers(1), kT0);  // job-2
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1", "pod-a"), kT0)->worker_id(), "w-1");
+  ASSERT_EQ(reg.RegisterWorker(Register("job-2"), kT0)->worker_id(), "w-2");
+  const absl::Time lost_at = kT0 + absl::Seconds(11);
+  reg.Tick(lost_at);
+  ASSERT_EQ(reg.RegisterWorker(Register("job-1", "pod-a"), lost_at)->worker_id(), "w-3");
+  const absl::Time ended_at = lost_at + absl::Minutes(5);
+  ASSERT_TRUE(reg.Cancel(CancelRequest("job-2"), ended_at).ok());
+  // w-2 was lost too (at lost_at), before its job ended: its own loss counts.
+  ASSERT_TRUE(reg.RegisterWorker(Register("job-1"), ended_at).ok());  // w-4, live
+  const auto listed = [&reg](absl::Time now) {
+    absl::StatusOr<v1::ListWorkersResponse> page = reg.ListWorkersPage({}, now);
+    EXPECT_TRUE(page.ok()) << page.status();
+    std::vector<std::string> ids;
+    for (const v1::WorkerInfo& w : page->workers()) ids.push_back(w.worker_id());
+    return ids;
+  };
+  using ::testing::ElementsAre;
+  EXPECT_THAT(listed(lost_at + absl::Minutes(10) - absl::Milliseconds(1)),
+              ElementsAre("w-1", "w-3", "w-4", "w-2"));
+  EXPECT_THAT(listed(lost_at + absl::Minutes(10)), ElementsAre("w-3", "w-4"));
+  EXPECT_THAT(listed(ended_at + absl::Hours(24)), ElementsAre("w-3", "w-4"));
+  EXPECT_EQ(reg.ListWorkers("").size(), 4u);  // a view: the state keeps every row
+
+  // A live worker of a job that ended is listed for the retention after the job's end.
+  JobRegistry ended{MachineOptions{}, limits};
+  ended.Submit(SubmitWorkers(1), kT0);
+  ASSERT_TRUE(ended.RegisterWorker(Register("job-1"), kT0).ok());
+  ASSERT_TRUE(ended.Cancel(CancelRequest("job-1"), kT0 + absl::Seconds(1)).ok());
+  v1::ListWorkersRequest job_1;
+  job_1.set_job_id("job-1");
+  EXPECT_EQ(ended.ListWorkersPage(job_1, kT0 + absl::Minutes(10))->workers_size(), 1);
+  EXPECT_EQ(ended.ListWorkersPage(job_1, kT0 + absl::Minutes(11))->workers_size(), 0);
+
+  limits.finished_worker_retention = absl::InfiniteDuration();
+  JobRegistry forever{MachineOptions{}, limits};
+  forever.Restore(reg.Snapshot(), kT0);
+  EXPECT_EQ(forever.ListWorkersPage({}, ended_at + absl::Hours(24 * 365))->workers_size(), 4);
 }
 
 // Catches: paging that skips or repeats records, or accepts a token it never issued.
@@ -874,6 +1004,8 @@ TEST(JournalReplayTest, RecordsThatCannotFollowTheirPredecessorsAreRefused) {
   const size_t formed = first_of(v1::JournalRecord::kGenerationFormed);
   const size_t ended = first_of(v1::JournalRecord::kWindowEnded);
   ASSERT_LT(formed, ended);
+  const size_t second_worker = first_of(v1::JournalRecord::kWorkerRegistered) + 1;
+  ASSERT_TRUE(journal[second_worker].has_worker_registered());
 
   struct Damage {
     std::string what;
@@ -904,6 +1036,9 @@ TEST(JournalReplayTest, RecordsThatCannotFollowTheirPredecessorsAreRefused) {
        ended, "leaves optimizer update 2"},
       {"a job submitted twice", [&](auto* j) { j->insert(j->begin() + 1, (*j)[0]); }, 1,
        "already submitted"},
+      {"a registration replacing a worker that is not lost",
+       [&](auto* j) { (*j)[second_worker].mutable_worker_registered()->set_replaces(workers[0]); },
+       second_worker, "which is not a lost worker of any job"},
   };
   for (const Damage& damage : damages) {
     SCOPED_TRACE(damage.what);

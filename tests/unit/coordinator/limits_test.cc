@@ -65,6 +65,12 @@ TEST(LimitsTest, ValidateLimits) {
   l = Limits();
   l.max_spec_bytes = l.list_page_bytes;
   EXPECT_NE(ValidateLimits(l).message().find("--max-spec-bytes"), std::string::npos);
+  l = Limits();
+  l.finished_worker_retention = absl::Seconds(-1);  // catches: a negative retention accepted
+  EXPECT_EQ(ValidateLimits(l).message(),
+            "--finished-worker-retention must be ≥ 0 (or inf), got -1s");
+  l.finished_worker_retention = absl::InfiniteDuration();
+  EXPECT_TRUE(ValidateLimits(l).ok());
 }
 
 }  // namespace

@@ -91,12 +91,12 @@ TEST(MembershipTest, FormGenerationAssignsRanks) {
 TEST(MembershipTest, MarkLostBreaksOnlyForMembers) {
   Membership m = ThreeReady();
   m.FormGeneration(Gen(1, {"c", "a"}));
-  EXPECT_FALSE(m.MarkLost("b"));  // standby
+  EXPECT_FALSE(m.MarkLost("b", 0));  // standby
   EXPECT_TRUE(m.generation_live());
   EXPECT_THAT(m.Standbys(), IsEmpty());
-  EXPECT_TRUE(m.MarkLost("c"));
+  EXPECT_TRUE(m.MarkLost("c", 0));
   EXPECT_FALSE(m.generation_live());
-  EXPECT_FALSE(m.MarkLost("c"));  // already lost
+  EXPECT_FALSE(m.MarkLost("c", 0));  // already lost
   EXPECT_EQ(m.Find("c")->info.state(), v1::LOST);
   EXPECT_EQ(m.Find("c")->info.rank(), -1);
   EXPECT_EQ(m.RankOf("c"), -1);
@@ -126,7 +126,7 @@ TEST(MembershipTest, GenerationNamingAnUnknownWorkerIsBrokenAppliedOrRestored) {
 TEST(MembershipTest, SurvivorsKeepRankOrder) {
   Membership m = ThreeReady();
   m.FormGeneration(Gen(1, {"c", "b", "a"}));
-  m.MarkLost("b");
+  m.MarkLost("b", 0);
   EXPECT_THAT(m.Survivors(), ElementsAre("c", "a"));
 }
 
@@ -154,7 +154,7 @@ TEST(MembershipTest, LeasesExpireAndRenew) {
   // The heartbeat time shown to users is when it arrived, not when the lease ends.
   EXPECT_EQ(m.Find("a")->info.last_heartbeat_ms(), absl::ToUnixMillis(kT0 + absl::Seconds(1)));
   EXPECT_THAT(m.Expired(kT0 + absl::Seconds(2)), ElementsAre("b"));
-  m.MarkLost("b");
+  m.MarkLost("b", 0);
   EXPECT_FALSE(m.Renew("b", kT0, kT0 + absl::Seconds(10), 0));
   EXPECT_THAT(m.Expired(kT0 + absl::Seconds(5)), ElementsAre("c"));
   EXPECT_EQ(m.NextLeaseExpiry(), kT0 + absl::Seconds(3));
@@ -180,7 +180,7 @@ TEST(MembershipTest, SnapshotRestore) {
   EXPECT_THAT(r.Standbys(), ElementsAre("c"));
   EXPECT_EQ(r.NextLeaseExpiry(), kT0 + absl::Seconds(9));
 
-  m.MarkLost("a");
+  m.MarkLost("a", 0);
   Membership broken;
   broken.Restore(m.Snapshot(), m.current(), kT0);
   EXPECT_FALSE(broken.generation_live());
