@@ -94,7 +94,8 @@ BinaryHelp CoordinatorHelp() {
   h.groups = {
       {"Connection", {"listen", "health_listen", "port_file", "shutdown_grace_ms"}},
       {"State", {"state_dir", "snapshot_every"}},
-      {"Worker leases", {"worker_lease_ms", "reconnect_grace_ms", "detach_grace_ms"}},
+      {"Worker leases",
+       {"worker_lease_ms", "reconnect_grace_ms", "detach_grace_ms", "finished_worker_retention"}},
       {"Limits",
        {"max_request_id_bytes", "max_name_bytes", "max_message_bytes", "max_spec_bytes", "max_jobs",
         "store_max_keys", "store_max_bytes"}},
