@@ -243,8 +243,10 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
           "model.torchscript.path is required: the TorchScript file whose forward(input_ids) "
           "returns logits, got \"\"");
     }
-    if (!ts.has_vocab_size()) ts.set_vocab_size(defaults::kVocabSize);
-    RETURN_IF_ERROR(IntInRange("model.torchscript.vocab_size", ts.vocab_size(), 2, 1000000));
+    // The model knows its vocabulary (the worker reads it at load); a value here only asserts it.
+    if (ts.has_vocab_size()) {
+      RETURN_IF_ERROR(IntInRange("model.torchscript.vocab_size", ts.vocab_size(), 2, 1000000));
+    }
   }
   return absl::OkStatus();
 }
@@ -778,15 +780,16 @@ int64_t ModelVocabSize(const v1::JobSpec& resolved) {
   if (m.has_tiny_gpt()) {
     return m.tiny_gpt().has_vocab_size() ? m.tiny_gpt().vocab_size() : defaults::kVocabSize;
   }
-  if (m.has_torchscript()) {
-    return m.torchscript().has_vocab_size() ? m.torchscript().vocab_size() : defaults::kVocabSize;
-  }
+  // Unknown (0) until the worker has loaded the model and recorded its vocabulary here.
+  if (m.has_torchscript()) return m.torchscript().vocab_size();
   return 0;
 }
 
-std::string ModelVocabSizeField(const v1::JobSpec& resolved) {
+std::string ModelVocabSource(const v1::JobSpec& resolved) {
   if (resolved.model().has_tiny_gpt()) return "model.tiny_gpt.vocab_size";
-  if (resolved.model().has_torchscript()) return "model.torchscript.vocab_size";
+  if (resolved.model().has_torchscript()) {
+    return absl::StrCat("the model ", resolved.model().torchscript().path(), "'s vocab_size");
+  }
   return "";
 }
 

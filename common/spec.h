@@ -65,11 +65,14 @@ int64_t JobTotalWindows(const v1::JobSpec& resolved, int64_t windows_per_epoch);
 // by tokens.
 bool IsTokenLevel(const v1::JobSpec& resolved);
 
-// The token ids a language model accepts: model.tiny_gpt.vocab_size or
-// model.torchscript.vocab_size (0 for mlp). The one place the model's vocabulary is read.
+// The token ids a language model accepts: model.tiny_gpt.vocab_size, or for model.torchscript
+// the model's own vocabulary, which the worker records in model.torchscript.vocab_size once
+// the model is loaded (RecordModelVocabulary; 0 before, and for mlp). The one place the
+// model's vocabulary is read from a spec.
 int64_t ModelVocabSize(const v1::JobSpec& resolved);
-// That field's path, for messages: "model.tiny_gpt.vocab_size" ("" for mlp).
-std::string ModelVocabSizeField(const v1::JobSpec& resolved);
+// What says so, for messages: "model.tiny_gpt.vocab_size", "the model /m.pt's vocab_size"
+// ("" for mlp).
+std::string ModelVocabSource(const v1::JobSpec& resolved);
 
 }  // namespace trainstep
 

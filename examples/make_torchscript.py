@@ -4,7 +4,10 @@
 trainstep trains any TorchScript module with
     forward(input_ids: int64 [B, T]) -> logits [B, T, V]
 as it is: its own initial weights, its own parameter names (checkpoints use them).
-Parameters with requires_grad=False stay frozen. Run with Debian's Python, which has torch:
+Parameters with requires_grad=False stay frozen. The vocabulary V is the model's: its int
+attribute vocab_size (set below) or, without one, the last dimension of its logits for one
+token; the spec needs no model.torchscript.vocab_size (set, it must equal V). Run with
+Debian's Python, which has torch:
 
     /usr/bin/python3 examples/make_torchscript.py /tmp/lm.pt [--dim 64] [--layers 2]
 """
@@ -17,6 +20,7 @@ from torch import nn
 class TinyLM(nn.Module):
     def __init__(self, vocab: int, dim: int, layers: int, context: int):
         super().__init__()
+        self.vocab_size = vocab  # scripted as an int attribute: trainstep reads V from it
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(context, dim)
         layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=4 * dim,

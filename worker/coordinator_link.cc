@@ -99,6 +99,11 @@ v1::HeartbeatRequest CoordinatorLink::NextHeartbeat() const {
 
 void CoordinatorLink::HeartbeatLoop() {
   while (true) {
+    uint64_t round;
+    {
+      absl::MutexLock lock(&mu_);
+      round = ++heartbeats_sent_;
+    }
     const v1::HeartbeatRequest req = NextHeartbeat();
     absl::StatusOr<v1::HeartbeatResponse> r = client_->Heartbeat(req);
     if (r.status().code() == absl::StatusCode::kNotFound && req.worker_id() == worker_id()) {
@@ -118,6 +123,8 @@ void CoordinatorLink::HeartbeatLoop() {
       Publish(r, req.worker_id());
     }
     absl::MutexLock lock(&mu_);
+    heartbeats_answered_ = round;
+    changed_.SignalAll();
     const absl::Time sent = absl::Now();
     while (!stop_ && !heartbeat_now_) {
       // Re-read on every wake-up: an urgent waiter may have arrived meanwhile.
@@ -207,6 +214,18 @@ HeartbeatSnapshot CoordinatorLink::AwaitNewer(uint64_t version, absl::Duration t
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
   }
   --urgent_waiters_;
+  return snapshot_;
+}
+
+HeartbeatSnapshot CoordinatorLink::Fresh(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t sent_before = heartbeats_sent_;  // one in flight may predate the question
+  heartbeat_now_ = true;
+  changed_.SignalAll();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (heartbeats_answered_ <= sent_before && !stop_) {
+    if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
   return snapshot_;
 }
 

@@ -95,6 +95,10 @@ class CoordinatorLink {
   int64_t applied_update() const { return applied_update_; }
 
   HeartbeatSnapshot Snapshot() const;
+  // The snapshot once a heartbeat sent after this call was answered (or `timeout` passed):
+  // the coordinator's word now. A report refused because the job ended (cancelled) can come
+  // back before the heartbeat or pushed place that says so.
+  HeartbeatSnapshot Fresh(absl::Duration timeout);
   // The next assignment to a generation after `after_generation`. CANCELLED once the job is
   // over; FAILED_PRECONDITION when refused; a fatal heartbeat error as it is.
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
@@ -137,7 +141,9 @@ class CoordinatorLink {
   v1::DatasetInfo dataset_ ABSL_GUARDED_BY(mu_);
   HeartbeatSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
   int urgent_waiters_ ABSL_GUARDED_BY(mu_) = 0;
-  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // the Attach stream ended: ask at once
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;        // the Attach stream ended: ask at once
+  uint64_t heartbeats_sent_ ABSL_GUARDED_BY(mu_) = 0;      // rounds of HeartbeatLoop begun
+  uint64_t heartbeats_answered_ ABSL_GUARDED_BY(mu_) = 0;  // the latest round that ended
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   CallCanceller attach_cancel_;
   std::thread heartbeats_;

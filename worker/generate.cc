@@ -37,13 +37,6 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
     return absl::FailedPreconditionError(
         "--generate needs a language model (tiny_gpt or torchscript)");
   }
-  if (ModelVocabSize(spec) != 256) {
-    // Prompt and output are bytes; ids of another tokenizer would print as garbage.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--generate reads and prints bytes: it needs a byte-level model (vocab_size 256), got "
-        "vocab_size ",
-        ModelVocabSize(spec)));
-  }
   const std::string name =
       ckpt.filename().empty() ? ckpt.parent_path().filename().string() : ckpt.filename().string();
   int64_t id = 0;
@@ -51,8 +44,16 @@ absl::StatusOr<std::string> Generate(const GenerateOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint ", options.checkpoint, " is not a ckpt-<id> directory"));
   }
-  ASSIGN_OR_RETURN(ckpt::LoadedCheckpoint loaded, ckpt::ReadCheckpoint(root.string(), id));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildModel(spec));
+  if (model->VocabSize() != 256) {
+    // Prompt and output are bytes; ids of another tokenizer would print as garbage. Asked of
+    // the model: a TorchScript model's vocabulary is its own.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--generate reads and prints bytes: it needs a byte-level model (vocab_size 256), got "
+        "vocab_size ",
+        model->VocabSize()));
+  }
+  ASSIGN_OR_RETURN(ckpt::LoadedCheckpoint loaded, ckpt::ReadCheckpoint(root.string(), id));
   // Samples of seq_len tokens train predictions at positions 0..seq_len-2 only (the last
   // position has no next token), so generation never reads the untrained last position.
   const int64_t seq_len = spec.model().has_tiny_gpt() ? spec.model().tiny_gpt().seq_len()

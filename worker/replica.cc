@@ -132,12 +132,12 @@ at::Tensor Replica::ForwardLossSum(const MicroBatchTensors& t) {
         "the model returned shape ", c10::str(output.sizes()), " for input ",
         c10::str(t.input.sizes()), "; forward(input_ids [B, T]) must return logits [B, T, V]"));
   }
-  // The data's ids were checked against the spec's vocabulary: the model must have as many.
-  if (token_level_ && output.size(2) != ModelVocabSize(spec_)) {
+  // The data's ids were checked against the model's vocabulary; a model whose vocab_size
+  // attribute says otherwise than its logits would index past them in the loss.
+  if (token_level_ && output.size(2) != model_->VocabSize()) {
     throw std::runtime_error(absl::StrCat("the model returned logits over ", output.size(2),
-                                          " token ids, but the spec's ", ModelVocabSizeField(spec_),
-                                          " is ", ModelVocabSize(spec_),
-                                          ": set it to the model's vocabulary"));
+                                          " token ids, but ", ModelVocabSource(spec_), " is ",
+                                          model_->VocabSize()));
   }
   return LossSum(output, t, token_level_);
 }

@@ -55,6 +55,18 @@ absl::Status OwnFailure(const absl::Status& s) {
 
 }  // namespace
 
+WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last) {
+  const std::string why = last.job_message.empty() ? "" : absl::StrCat(": ", last.job_message);
+  switch (last.job_state) {
+    case v1::CANCELLED:
+      return {0, absl::StrCat("job ", job_id, " was cancelled", why)};
+    case v1::FAILED:
+      return {1, absl::StrCat("job ", job_id, " failed", why)};
+    default:
+      return {0, absl::StrCat("job ", job_id, " ended: ", v1::JobState_Name(last.job_state), why)};
+  }
+}
+
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
   if (options_.name.empty()) {
     options_.name = absl::StrCat(LocalHostName(), "-", getpid());
@@ -132,8 +144,19 @@ absl::Status Worker::Setup() {
       });
   if (spec_.precision() == v1::JobSpec::bf16 && !device_.is_cuda()) LogBf16Notice(options_.cpu);
 
-  // Heartbeats start before the (possibly long) data load, so the lease holds meanwhile.
+  // Heartbeats start before the (possibly long) model and data loads, so the lease holds
+  // meanwhile.
   link_->StartHeartbeats();
+
+  absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
+  if (!replica.ok()) {
+    Fail(replica.status());
+    return replica.status();
+  }
+  replica_ = std::move(*replica);
+  // The model's own vocabulary from here on: the data's ids are checked against it before any
+  // window, and the spec written beside the checkpoints carries it.
+  RecordModelVocabulary(replica_->model(), spec_);
 
   absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, options_.allowed_roots);
   if (!d.ok()) {
@@ -161,12 +184,6 @@ absl::Status Worker::Setup() {
   dataset.set_samples(dataset_->size());
   dataset.set_fingerprint(dataset_->fingerprint());
   link_->SetDataset(dataset);  // the heartbeats report it from here on
-  absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
-  if (!replica.ok()) {
-    Fail(replica.status());
-    return replica.status();
-  }
-  replica_ = std::move(*replica);
   if (options_.overlap_allreduce && device_.is_cuda()) {
     // NCCL would be launched from autograd's device threads, on their streams: not done here.
     LogInfo(
@@ -643,7 +660,7 @@ WorkerExit Worker::RunOrThrow() {
   while (true) {
     absl::StatusOr<v1::Assignment> a = link_->AwaitAssignment(after);
     if (!a.ok()) {
-      if (link_->Snapshot().job_over) break;
+      if (JobOver()) break;
       return {1, std::string(a.status().message())};
     }
     LogInfo(absl::StrCat("generation ", a->generation(), ": rank ", a->rank(), " of ",
@@ -660,7 +677,7 @@ WorkerExit Worker::RunOrThrow() {
       }
     }
     if (!end.ok()) {
-      if (link_->Snapshot().job_over) break;
+      if (JobOver()) break;  // its end, not this worker's failure
       Fail(end.status());
       return {1, std::string(end.status().message())};
     }
@@ -675,11 +692,13 @@ WorkerExit Worker::RunOrThrow() {
     after = a->generation();
   }
   collective_.reset();
-  const HeartbeatSnapshot last = link_->Snapshot();
-  std::string outcome =
-      absl::StrCat("job ", job_id_, " ended: ", v1::JobState_Name(last.job_state));
-  if (!last.job_message.empty()) absl::StrAppend(&outcome, ": ", last.job_message);
-  return {0, outcome};
+  return JobEndExit(job_id_, link_->Snapshot());
+}
+
+bool Worker::JobOver() {
+  if (link_->Snapshot().job_over) return true;
+  // Bounded: an unreachable coordinator must not keep a failed worker from exiting.
+  return link_->Fresh(absl::Seconds(5)).job_over;
 }
 
 }  // namespace trainstep

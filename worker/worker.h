@@ -59,9 +59,13 @@ struct WorkerOptions {
 
 // How the process should exit.
 struct WorkerExit {
-  int code = 0;  // 0: the job ended (any state); 1: this worker failed
+  int code = 0;  // 0: the job succeeded or was cancelled; 1: it failed, or this worker did
   std::string message;
 };
+
+// How this process ends with its job (`last`: the coordinator's word on it). A cancelled job
+// is no failure of the worker: exit 0, so that Kubernetes neither restarts it nor alerts.
+WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last);
 
 class Worker {
  public:
@@ -120,6 +124,9 @@ class Worker {
                                int64_t scheduler_step, double loss_scale);
   absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
   void Fail(const absl::Status& status);
+  // Whether the job is over, by the coordinator's word after an error: a window refused
+  // because the job was cancelled ends this worker with the job, not as its failure.
+  bool JobOver();
   // While this rank is past the begin barrier of a window (computing, in the all-reduce): if
   // the coordinator restarted meanwhile it forgot that report, and the ranks still waiting at
   // the barrier would wait for ever; the report is sent again, once, on its own thread.

@@ -71,13 +71,15 @@ absl::StatusOr<ReferenceRun> RunOrThrow(const std::string& spec_json,
                                         const ReferenceOptions& options) {
   absl::StatusOr<v1::JobSpec> parsed = ParseAndResolveJobSpec(spec_json);
   if (!parsed.ok()) return parsed.status();
-  const v1::JobSpec spec = *parsed;
-  absl::StatusOr<data::Dataset> dataset = data::Dataset::Load(spec);
-  if (!dataset.ok()) return dataset.status();
-  const data::WindowPlanner planner(spec, dataset->size());
+  v1::JobSpec spec = *parsed;
+  // As the worker: the model first, its vocabulary then checks the data's ids.
   absl::StatusOr<std::unique_ptr<Model>> built = BuildModel(spec);
   if (!built.ok()) return built.status();
   Model& model = **built;
+  RecordModelVocabulary(model, spec);
+  absl::StatusOr<data::Dataset> dataset = data::Dataset::Load(spec);
+  if (!dataset.ok()) return dataset.status();
+  const data::WindowPlanner planner(spec, dataset->size());
   model.SetTraining(true);
   const bool token_level = dataset->token_level();
 
@@ -198,6 +200,7 @@ absl::StatusOr<ReferenceEval> EvalOrThrow(const std::string& spec_json, const Pa
   absl::StatusOr<std::unique_ptr<Model>> built = BuildModel(spec);
   if (!built.ok()) return built.status();
   Model& model = **built;
+  RecordModelVocabulary(model, spec);
   model.SetTraining(false);
   torch::NoGradGuard no_grad;
   NamedTensors all = model.NamedParameters();

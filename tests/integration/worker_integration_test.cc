@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/integration/cluster_test.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/torchscript_fixture.h"
@@ -27,6 +28,12 @@ namespace trainstep {
 namespace {
 
 using testing::ProcessCluster;
+
+int CountOf(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
 
 class WorkerIntegrationTest : public testing::ClusterTest {
  protected:
@@ -194,10 +201,26 @@ TEST_F(WorkerIntegrationTest, TinyGptOnTokensFileWithLargerVocabulary) {
   EXPECT_LT(log->back().loss(), log->front().loss() * 0.8);
 }
 
-// A TorchScript model whose logits have fewer classes than the spec's vocab_size fails the
-// job with both numbers, instead of an index error deep in the loss (or silently, where the
-// ids happen to fit). Catches the spec and the model disagreeing unnoticed.
-TEST_F(WorkerIntegrationTest, TorchScriptVocabularyMismatchFailsTheJob) {
+// A TorchScript model over 50 token ids, with no vocab_size in the spec, trains: its
+// vocabulary is read from the model. Catches the vocabulary guessed (256): "the model
+// returned logits over 50 token ids, but the spec's model.torchscript.vocab_size is 256".
+TEST_F(WorkerIntegrationTest, TorchScriptModelsOwnVocabularyTrains) {
+  const std::string model = dir_ + "/lm50.pt";
+  testing::WriteTinyTorchScript(model, /*dim=*/16, /*seed=*/7, /*vocab=*/50);
+  const std::string data = dir_ + "/train.jsonl";
+  std::ofstream(data) << "{\"input_ids\":[1,2,3,49]}\n{\"input_ids\":[5,6,7]}\n";
+  const v1::Job job = Run(
+      absl::StrCat(R"({"model":{"torchscript":{"path":")", model,
+                   R"("}},"data":{"jsonl":{"path":")", data, R"("}},"stop":{"max_updates":2}})"),
+      1, absl::Seconds(60));
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.message() << cluster_->Logs();
+  EXPECT_EQ(job.progress().optimizer_update_id(), 2);
+}
+
+// A spec's model.torchscript.vocab_size that disagrees with the model fails the job at load
+// naming both, before any window. Catches the assertion unchecked, or checked only at the
+// first forward.
+TEST_F(WorkerIntegrationTest, TorchScriptVocabularyMismatchFailsAtLoad) {
   const std::string model = dir_ + "/lm.pt";
   testing::WriteTinyTorchScript(model);  // 256 classes
   const std::string data = dir_ + "/train.jsonl";
@@ -207,10 +230,84 @@ TEST_F(WorkerIntegrationTest, TorchScriptVocabularyMismatchFailsTheJob) {
                        R"(","vocab_size":300}},"data":{"jsonl":{"path":")", data, R"("}}})"),
           1, absl::Seconds(60));
   EXPECT_EQ(job.state(), v1::FAILED);
-  EXPECT_NE(job.message().find("the model returned logits over 256 token ids, but the spec's "
-                               "model.torchscript.vocab_size is 300"),
+  EXPECT_NE(
+      job.message().find(absl::StrCat("model.torchscript.vocab_size is 300, but the model ", model,
+                                      " has a vocabulary of 256 (its logits for one "
+                                      "token)")),
+      std::string::npos)
+      << job.message();
+  EXPECT_EQ(job.progress().generation(), 0) << "it failed after load, in a generation";
+}
+
+// A token file with an id the model has no row for fails before training, naming the model's
+// vocabulary (its vocab_size attribute, 50). Catches the data checked against a guess (256
+// lets id 60 through to the embedding) or only at the first forward.
+TEST_F(WorkerIntegrationTest, TokenIdBeyondTheModelsVocabularyFailsBeforeTraining) {
+  const std::string model = dir_ + "/lm50.pt";
+  testing::WriteTinyTorchScript(model, 16, 7, 50, /*vocab_size_attribute=*/50);
+  const std::string data = dir_ + "/train.bin";
+  {
+    std::string bytes;
+    for (int i = 0; i < 64; ++i) {
+      const uint16_t id = i == 40 ? 60 : i % 50;
+      bytes.push_back(static_cast<char>(id & 0xff));
+      bytes.push_back(static_cast<char>(id >> 8));
+    }
+    std::ofstream(data, std::ios::binary) << bytes;
+  }
+  const v1::Job job = Run(absl::StrCat(R"({"model":{"torchscript":{"path":")", model,
+                                       R"("}},"data":{"tokens":{"path":")", data,
+                                       R"(","dtype":"uint16","seq_len":8}}})"),
+                          1, absl::Seconds(60));
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.message().find(absl::StrCat(data,
+                                            ": token 40 (byte offset 80) is 60, not a token id in "
+                                            "0..49 (the model ",
+                                            model, "'s vocab_size 50)")),
             std::string::npos)
       << job.message();
+  EXPECT_EQ(job.progress().generation(), 0) << "it failed after load, in a generation";
+}
+
+// A job cancelled while its two workers train: each exits 0 with one INFO line saying the
+// job was cancelled and by whom, and no ERROR. Catches the cancel taken as a worker failure
+// (exit 1 with an ERROR): Kubernetes would restart the pods and alert.
+TEST_F(WorkerIntegrationTest, CancelledJobEndsItsWorkersWithExitZero) {
+  absl::StatusOr<std::string> id = cluster_->Submit(
+      R"({"name":"long","model":{"mlp":{"hidden":16}},)"
+      R"("data":{"synthetic_regression":{"samples":64,"in_features":4}},)"
+      R"("batch":{"micro_batch_size":4,"accumulation_steps":2},"workers":{"count":2},)"
+      R"("stop":{"max_updates":1000000}})");
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  // Training, then cancelled: bounded polling, not a timed assertion.
+  int64_t updates = 0;
+  for (int i = 0; i < 1200 && updates < 3; ++i) {
+    v1::GetJobRequest req;
+    req.set_job_id(*id);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    if (cluster_->jobs()->GetJob(&ctx, req, &job).ok())
+      updates = job.progress().optimizer_update_id();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(updates, 3) << cluster_->Logs();
+  {
+    v1::CancelJobRequest req;
+    req.set_job_id(*id);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(cluster_->jobs()->CancelJob(&ctx, req, &job).ok());
+  }
+  EXPECT_EQ(cluster_->WaitForWorkers(absl::Seconds(60)), (std::vector<int>{0, 0}))
+      << cluster_->Logs();
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = testing::ReadFile(absl::StrCat(dir_, "/worker-", i, ".log"));
+    const std::string said =
+        absl::StrCat(" INFO job ", *id, " was cancelled: cancelled by a client\n");
+    EXPECT_EQ(CountOf(log, said), 1) << log;
+    EXPECT_EQ(CountOf(log, " ERROR "), 0) << log;
+  }
 }
 
 // A malformed JSONL line fails the job with file:line and the reason; workers exit, no hang.

@@ -128,14 +128,14 @@ absl::Status CollectFiles(const std::string& field, const std::string& path,
 // What the model accepts: the vocabulary and, when the model declares one, the context.
 struct TokenLimits {
   int64_t vocab = 256;
-  std::string vocab_source;  // the field, for messages
+  std::string vocab_source;  // what says so, for messages (ModelVocabSource)
   std::optional<int64_t> max_len;
 };
 
 TokenLimits LimitsOf(const v1::JobSpec& spec) {
   TokenLimits limits;
   limits.vocab = ModelVocabSize(spec);
-  limits.vocab_source = ModelVocabSizeField(spec);
+  limits.vocab_source = ModelVocabSource(spec);
   if (spec.model().has_tiny_gpt()) limits.max_len = spec.model().tiny_gpt().seq_len();
   return limits;
 }
@@ -434,6 +434,15 @@ Dataset Dataset::FromSamples(std::vector<Sample> samples) {
 
 absl::StatusOr<Dataset> Dataset::Load(const v1::JobSpec& resolved, const AllowedRoots& roots) {
   const v1::Data& data = resolved.data();
+  if (IsTokenLevel(resolved) && resolved.model().has_torchscript() &&
+      ModelVocabSize(resolved) < 2) {
+    // Known once the model is loaded (RecordModelVocabulary): a caller that forgot must not
+    // check the ids against a guess.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.torchscript.vocab_size is unset: the data's ids are checked against the model's "
+        "vocabulary, so load the model ",
+        resolved.model().torchscript().path(), " first"));
+  }
   switch (data.source_case()) {
     case v1::Data::kText: {
       ASSIGN_OR_RETURN(std::vector<Sample> samples, LoadText(resolved, roots));

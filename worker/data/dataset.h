@@ -38,11 +38,13 @@ int64_t ValidTokens(const Sample& s);
 // for data.tokens, cut on demand from a memory-mapped file (worker/data/tokens.h).
 class Dataset {
  public:
-  // Loads the data of a RESOLVED spec (see ResolveJobSpec):
+  // Loads the data of a RESOLVED spec (see ResolveJobSpec) whose model's vocabulary is known
+  // (ModelVocabSize: a model.torchscript's is recorded once the model is loaded, else
+  // FAILED_PRECONDITION); token ids are checked against it:
   //   text: every regular file under data.text.paths (directories recursively), sorted by
   //     full path, each read once, as one byte stream (token = byte) cut into samples of
   //     data.text.seq_len tokens; a last partial sample is kept if it has ≥ 2 tokens. A
-  //     model.torchscript with vocab_size < 256 rejects bytes it has no id for.
+  //     model with a vocabulary < 256 rejects bytes it has no id for.
   //   jsonl: one {"input_ids": [...], "labels": [...]} object a line; blank lines skipped;
   //     labels default to input_ids; other keys ignored.
   //   tokens: data.tokens.path memory-mapped; sample i is the seq_len + 1 ids from id

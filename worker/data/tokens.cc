@@ -47,7 +47,7 @@ TokenFileFormat TokenFormatOf(const v1::JobSpec& resolved) {
   f.width = tokens.dtype() == v1::TokensData::uint32 ? 4 : 2;
   f.seq_len = tokens.seq_len();
   f.vocab = ModelVocabSize(resolved);
-  f.vocab_source = ModelVocabSizeField(resolved);
+  f.vocab_source = ModelVocabSource(resolved);
   return f;
 }
 

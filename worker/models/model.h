@@ -29,11 +29,22 @@ class Model {
   virtual NamedTensors NamedBuffers() = 0;
   virtual void SetTraining(bool training) = 0;
   virtual void To(const at::Device& device) = 0;
+  // Token models: the ids they accept, 0..VocabSize()-1 (V). Regression models: 0.
+  virtual int64_t VocabSize() const = 0;
 };
 
 // Builds the spec's model: built-ins from the seed (identical on every rank), TorchScript
-// from its file with its own weights. Errors name the field (model.torchscript.path).
+// from its file with its own weights. A TorchScript model's vocabulary is its own: its int
+// attribute vocab_size when it has one, else the last dimension of its logits for one token
+// (computed in eval mode without autograd, so nothing in the model changes); a
+// model.torchscript.vocab_size that disagrees is INVALID_ARGUMENT naming both. Errors name
+// the field (model.torchscript.path).
 absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved);
+
+// Records a loaded model's vocabulary in `resolved` (model.torchscript.vocab_size, which
+// BuildModel checked), so that what reads the spec afterwards, the data's id check first,
+// sees the model's own (ModelVocabSize). Built-in models' specs hold theirs already.
+void RecordModelVocabulary(const Model& model, v1::JobSpec& resolved);
 
 }  // namespace trainstep
 

@@ -11,8 +11,10 @@
 
 #include <cmath>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
+#include "common/status_macros.h"
 #include "worker/models/model.h"
 #include "worker/torch_status.h"
 
@@ -111,20 +113,23 @@ NamedTensors FromDict(const torch::OrderedDict<std::string, at::Tensor>& dict) {
 template <typename Holder>
 class NativeModel : public Model {
  public:
-  explicit NativeModel(Holder module) : module_(std::move(module)) {}
+  NativeModel(Holder module, int64_t vocab) : module_(std::move(module)), vocab_(vocab) {}
   at::Tensor Forward(const at::Tensor& input) override { return module_->forward(input); }
   NamedTensors NamedParameters() override { return FromDict(module_->named_parameters()); }
   NamedTensors NamedBuffers() override { return FromDict(module_->named_buffers()); }
   void SetTraining(bool training) override { module_->train(training); }
   void To(const at::Device& device) override { module_->to(device); }
+  int64_t VocabSize() const override { return vocab_; }
 
  private:
   Holder module_;
+  int64_t vocab_;
 };
 
 class TorchScriptModel : public Model {
  public:
-  explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
+  TorchScriptModel(torch::jit::Module module, int64_t vocab)
+      : module_(std::move(module)), vocab_(vocab) {}
   at::Tensor Forward(const at::Tensor& input) override {
     return module_.forward({input}).toTensor();
   }
@@ -141,10 +146,70 @@ class TorchScriptModel : public Model {
   }
   void SetTraining(bool training) override { module_.train(training); }
   void To(const at::Device& device) override { module_.to(device); }
+  int64_t VocabSize() const override { return vocab_; }
 
  private:
   torch::jit::Module module_;
+  int64_t vocab_;
 };
+
+// The vocabulary of a loaded TorchScript language model (BuildModel says how); `how` tells
+// which way it was found, for messages. Errors name model.torchscript.path.
+absl::StatusOr<int64_t> TorchScriptVocabulary(torch::jit::Module& module, const std::string& path,
+                                              std::string* how) {
+  const std::string prefix = absl::StrCat("model.torchscript.path: the model ", path);
+  int64_t vocab = 0;
+  if (module.hasattr("vocab_size")) {
+    const c10::IValue v = module.attr("vocab_size");
+    if (!v.isInt()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, " has a vocab_size attribute of type ",
+                                                     v.tagKind(), "; it must be an int"));
+    }
+    vocab = v.toInt();
+    *how = "its vocab_size attribute";
+  } else {
+    // Eval mode and no autograd: a probe must not move batch-norm statistics or draw dropout's
+    // random numbers, which would change what training starts from.
+    const bool training = module.is_training();
+    module.eval();
+    auto restore = absl::MakeCleanup([&] { module.train(training); });
+    torch::NoGradGuard no_grad;
+    at::Device device = at::kCPU;
+    for (const auto& p : module.parameters(/*recurse=*/true)) {
+      device = p.device();
+      break;
+    }
+    at::Tensor logits;
+    try {
+      const c10::IValue out =
+          module.forward({at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong).device(device))});
+      if (!out.isTensor()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, " returned a ", out.tagKind(),
+            " for input_ids [1, 1]; forward(input_ids [B, T]) must return logits [B, T, V]"));
+      }
+      logits = out.toTensor();
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix,
+          " has no vocab_size attribute, and its forward failed on one token (input_ids "
+          "int64 [1, 1] of zeros), which would tell its vocabulary: ",
+          ShortWhat(e, 400)));
+    }
+    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, " returned shape ", c10::str(logits.sizes()),
+          " for input_ids [1, 1]; forward(input_ids [B, T]) must return logits [B, T, V]"));
+    }
+    vocab = logits.size(2);
+    *how = "its logits for one token";
+  }
+  if (vocab < 2 || vocab > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, " has a vocabulary of ", vocab, " (",
+                                                   *how, "); it must be 2..1000000"));
+  }
+  return vocab;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved);
 
@@ -167,19 +232,27 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
   torch::manual_seed(resolved.seed());
   switch (m.kind_case()) {
     case v1::Model::kTinyGpt:
-      return std::unique_ptr<Model>(
-          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), ModelVocabSize(resolved))));
+      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(
+          TinyGpt(m.tiny_gpt(), ModelVocabSize(resolved)), ModelVocabSize(resolved)));
     case v1::Model::kMlp:
-      return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp())));
+      return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp()), 0));
     case v1::Model::kTorchscript: {
+      const v1::TorchScript& ts = m.torchscript();
+      torch::jit::Module module;
       try {
-        return std::unique_ptr<Model>(
-            new TorchScriptModel(torch::jit::load(m.torchscript().path())));
+        module = torch::jit::load(ts.path());
       } catch (const std::exception& e) {
         return absl::InvalidArgumentError(absl::StrCat("model.torchscript.path: cannot load ",
-                                                       m.torchscript().path(), ": ",
-                                                       ShortWhat(e, 400)));
+                                                       ts.path(), ": ", ShortWhat(e, 400)));
       }
+      std::string how;
+      ASSIGN_OR_RETURN(const int64_t vocab, TorchScriptVocabulary(module, ts.path(), &how));
+      if (ts.has_vocab_size() && ts.vocab_size() != vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model.torchscript.vocab_size is ", ts.vocab_size(), ", but the model ",
+                         ts.path(), " has a vocabulary of ", vocab, " (", how, ")"));
+      }
+      return std::unique_ptr<Model>(new TorchScriptModel(std::move(module), vocab));
     }
     case v1::Model::KIND_NOT_SET:
       break;
@@ -188,4 +261,12 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
 }
 
 }  // namespace
+
+void RecordModelVocabulary(const Model& model, v1::JobSpec& resolved) {
+  if (resolved.model().has_torchscript()) {
+    resolved.mutable_model()->mutable_torchscript()->set_vocab_size(
+        static_cast<int32_t>(model.VocabSize()));
+  }
+}
+
 }  // namespace trainstep

@@ -122,7 +122,8 @@ void ExpectFullyResolved(const google::protobuf::Message& m, const std::string& 
     } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM) {
       EXPECT_NE(r->GetEnumValue(m, f), 0) << at << " is unspecified";
     } else if (f->has_presence() && at != "clip.max_grad_norm" && at != "stop.max_updates" &&
-               at != "stop.epochs" && at != "eval.max_batches") {
+               at != "stop.epochs" && at != "eval.max_batches" &&
+               at != "model.torchscript.vocab_size") {  // the model's own, read at load
       EXPECT_TRUE(r->HasField(m, f)) << at << " has no default filled in";
     }
   }
@@ -257,11 +258,14 @@ TEST(SpecTest, RegressionDefaults) {
   EXPECT_EQ(from_model.data().synthetic_regression().in_features(), 6);
 }
 
-// A TorchScript user on text or JSONL gets token-level defaults and a byte vocabulary.
+// A TorchScript user on text or JSONL gets token-level defaults, and no guessed vocabulary.
+// Catches a default model.torchscript.vocab_size (256) that fails any other model at its
+// first forward: the worker takes the model's own at load.
 TEST(SpecTest, TorchScriptDefaults) {
   const v1::JobSpec s = Resolve(kTorchScriptText);
   ExpectFullyResolved(s);
-  EXPECT_EQ(s.model().torchscript().vocab_size(), 256);
+  EXPECT_FALSE(s.model().torchscript().has_vocab_size());
+  EXPECT_EQ(ModelVocabSize(s), 0);  // unknown until the model is loaded
   EXPECT_EQ(s.loss().normalization(), v1::Loss::tokens);
   const v1::JobSpec j =
       Resolve(R"({"model":{"torchscript":{"path":"/m.pt"}},"data":{"jsonl":{"path":"/d"}}})");
@@ -323,8 +327,8 @@ TEST(SpecTest, TokensDefaults) {
               R"("data":{"tokens":{"path":"/t","dtype":"uint16"}}})");
   ExpectFullyResolved(torchscript);
   EXPECT_EQ(ModelVocabSize(torchscript), 1000);
-  EXPECT_EQ(ModelVocabSizeField(torchscript), "model.torchscript.vocab_size");
-  EXPECT_EQ(ModelVocabSizeField(s), "model.tiny_gpt.vocab_size");
+  EXPECT_EQ(ModelVocabSource(torchscript), "the model /m.pt's vocab_size");
+  EXPECT_EQ(ModelVocabSource(s), "model.tiny_gpt.vocab_size");
   EXPECT_EQ(ModelVocabSize(Resolve(kRegression)), 0);
 
   // A spec resolved before vocab_size existed (an older coordinator's journal) means bytes.

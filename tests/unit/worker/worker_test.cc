@@ -61,13 +61,14 @@ class FakeCoordinator : public WorkerRpc {
     r.set_job_id("job-1");
     absl::MutexLock lock(&mu_);
     *r.mutable_spec() = spec_;
-    r.set_heartbeat_interval_ms(50);
+    r.set_heartbeat_interval_ms(heartbeat_interval_ms_);
     return r;
   }
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
     absl::MutexLock lock(&mu_);
     v1::HeartbeatResponse r;
     r.set_job_state(state_);
+    r.set_job_message(job_message_);
     r.set_dataset_accepted(true);
     if (state_ == v1::RUNNING) {
       r.set_assigned(true);
@@ -227,6 +228,19 @@ class FakeCoordinator : public WorkerRpc {
     refuse_window_ = window;
     refusal_ = std::move(status);
   }
+  // The job ends (`state`, `message`) while window `window` is in flight: its CompleteWindow is
+  // refused as a real coordinator refuses a report of an ended job.
+  void EndJobDuring(int64_t window, v1::JobState state, const std::string& message) {
+    absl::MutexLock lock(&mu_);
+    end_window_ = window;
+    end_state_ = state;
+    end_message_ = message;
+  }
+  // Heartbeats far apart: the worker learns nothing from them during a window unless it asks.
+  void SlowHeartbeats() {
+    absl::MutexLock lock(&mu_);
+    heartbeat_interval_ms_ = 600000;
+  }
   void NeverEndTheJob() {
     absl::MutexLock lock(&mu_);
     end_when_done_ = false;
@@ -307,6 +321,14 @@ class FakeCoordinator : public WorkerRpc {
   absl::StatusOr<v1::CompleteWindowResponse> Decide(const v1::CompleteWindowRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string at = absl::StrCat(req.generation(), ".", req.window_id());
+    if (end_window_ == req.window_id()) {
+      end_window_ = 0;
+      state_ = end_state_;
+      job_message_ = end_message_;
+      events_.push_back(absl::StrCat("decide ", at, " ", v1::JobState_Name(state_)));
+      return absl::FailedPreconditionError(absl::StrCat("job job-1 is ", v1::JobState_Name(state_),
+                                                        ": ", job_message_));  // CheckRunnable's
+    }
     if (refuse_window_ == req.window_id()) {
       refuse_window_ = 0;
       if (refusal_.code() == absl::StatusCode::kAborted) {
@@ -359,6 +381,11 @@ class FakeCoordinator : public WorkerRpc {
   std::set<std::pair<int64_t, int64_t>> held_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
   v1::JobState state_ ABSL_GUARDED_BY(mu_) = v1::RUNNING;
+  std::string job_message_ ABSL_GUARDED_BY(mu_);
+  int64_t heartbeat_interval_ms_ ABSL_GUARDED_BY(mu_) = 50;
+  int64_t end_window_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::JobState end_state_ ABSL_GUARDED_BY(mu_) = v1::RUNNING;
+  std::string end_message_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_window_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t update_ ABSL_GUARDED_BY(mu_) = 0;
@@ -452,6 +479,33 @@ TEST_F(WorkerTest, RefusedReportFailsTheJobWithItsMessage) {
   const std::vector<std::string> events = coordinator_.events();
   EXPECT_NE(std::find(events.begin(), events.end(), "answer 1.3 CANCELLED"), events.end())
       << absl::StrJoin(events, "\n");
+}
+
+// The job is cancelled while window 2 is in flight: its CompleteWindow is refused, and no
+// heartbeat has said so yet. Catches that refusal taken as this worker's failure (exit 1, an
+// ERROR, a failure reported): Kubernetes would restart the pod and alert.
+TEST_F(WorkerTest, CancelledMidWindowExitsZeroSayingSo) {
+  coordinator_.SlowHeartbeats();
+  coordinator_.EndJobDuring(2, v1::CANCELLED, "cancelled by a client");
+  Worker worker(Options());
+  const WorkerExit exit = worker.Run();
+  EXPECT_EQ(exit.code, 0) << exit.message;
+  EXPECT_EQ(exit.message, "job job-1 was cancelled: cancelled by a client");
+  EXPECT_TRUE(coordinator_.failures().empty()) << absl::StrJoin(coordinator_.failures(), "\n");
+  EXPECT_EQ(coordinator_.completes().size(), 2u);
+}
+
+// The same, but the job failed (another worker's error): that is a failure, exit 1, and the
+// job's reason, not this worker's refused report, is what it says. Catches a cancel fix that
+// made every ended job exit 0, and the refusal reported as this worker's own failure.
+TEST_F(WorkerTest, JobFailedMidWindowStillExitsOne) {
+  coordinator_.SlowHeartbeats();
+  coordinator_.EndJobDuring(2, v1::FAILED, "worker w2 on host-b: out of memory");
+  Worker worker(Options());
+  const WorkerExit exit = worker.Run();
+  EXPECT_EQ(exit.code, 1);
+  EXPECT_EQ(exit.message, "job job-1 failed: worker w2 on host-b: out of memory");
+  EXPECT_TRUE(coordinator_.failures().empty()) << absl::StrJoin(coordinator_.failures(), "\n");
 }
 
 // Catches a worker that waits for ever for a job that never ends after its last window (the

@@ -214,7 +214,7 @@ TEST(TextDatasetTest, BytesOutsideTorchScriptVocabularyAreNamed) {
   EXPECT_EQ(d.status().message(),
             absl::StrCat(f,
                          ": byte 2 is 127, not a token id in 0..99 "
-                         "(model.torchscript.vocab_size); text data needs a vocabulary of 256"));
+                         "(the model /m.pt's vocab_size); text data needs a vocabulary of 256"));
 }
 
 // Catches a missing path silently skipped instead of named.
@@ -306,7 +306,19 @@ TEST(JsonlDatasetTest, TorchScriptVocabularyAndNoLengthLimit) {
   EXPECT_EQ(Dataset::Load(JsonlSpec(bad, model)).status().message(),
             absl::StrCat(bad,
                          ":1: input_ids[0] is 1000, not a token id in 0..999 "
-                         "(model.torchscript.vocab_size)"));
+                         "(the model /m.pt's vocab_size)"));
+}
+
+// Catches the ids of a TorchScript model's data checked against a guess (256 by default)
+// when its vocabulary was not recorded from the loaded model (RecordModelVocabulary).
+TEST(JsonlDatasetTest, TorchScriptVocabularyUnknownIsRefused) {
+  TempDir dir;
+  const std::string f = dir.Write("t.jsonl", "{\"input_ids\": [1, 2]}\n");
+  absl::StatusOr<Dataset> d = Dataset::Load(JsonlSpec(f, R"({"torchscript":{"path":"/m.pt"}})"));
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.status().message(),
+            "model.torchscript.vocab_size is unset: the data's ids are checked against the "
+            "model's vocabulary, so load the model /m.pt first");
 }
 
 // Catches model.tiny_gpt.vocab_size ignored by the data check (bytes assumed), so a larger

@@ -160,7 +160,7 @@ TEST(TokensDatasetTest, IdOutsideTheVocabularyNamesFileAndOffset) {
   EXPECT_EQ(ErrorOf(Spec(f, "uint16", 8, R"({"torchscript":{"path":"/m.pt","vocab_size":500}})")),
             absl::StrCat(f,
                          ": token 280000 (byte offset 560000) is 999, not a token id in 0..499 "
-                         "(model.torchscript.vocab_size 500)"));
+                         "(the model /m.pt's vocab_size 500)"));
   // An id equal to the vocabulary size is one too many.
   EXPECT_EQ(ErrorOf(Spec(f, "uint16", 8, R"({"tiny_gpt":{"vocab_size":999}})")),
             absl::StrCat(f,
