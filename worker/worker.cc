@@ -60,8 +60,8 @@ WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last) 
   switch (last.job_state) {
     case v1::CANCELLED:
       return {0, absl::StrCat("job ", job_id, " was cancelled", why)};
-    case v1::FAILED:
-      return {1, absl::StrCat("job ", job_id, " failed", why)};
+    case v1::FAILED:  // by another rank's error (this one's own returns before): no restart
+      return {0, absl::StrCat("job ", job_id, " failed", why)};
     default:
       return {0, absl::StrCat("job ", job_id, " ended: ", v1::JobState_Name(last.job_state), why)};
   }

@@ -59,12 +59,13 @@ struct WorkerOptions {
 
 // How the process should exit.
 struct WorkerExit {
-  int code = 0;  // 0: the job succeeded or was cancelled; 1: it failed, or this worker did
+  int code = 0;  // 0: the job ended (any state, by another's hand); 1: this worker failed
   std::string message;
 };
 
-// How this process ends with its job (`last`: the coordinator's word on it). A cancelled job
-// is no failure of the worker: exit 0, so that Kubernetes neither restarts it nor alerts.
+// How this process ends with its job (`last`: the coordinator's word on it). A job cancelled,
+// or failed by another rank, is no failure of this worker: exit 0, so that Kubernetes
+// neither restarts it (a restart would be refused) nor alerts.
 WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last);
 
 class Worker {
