@@ -53,19 +53,22 @@ absl::Status OwnFailure(const absl::Status& s) {
   return absl::InternalError(s.message());
 }
 
-}  // namespace
-
-WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last) {
+// What the log says when the job ends (`last`: the coordinator's word on it). Every ended job
+// exits 0: a job cancelled, or failed by another rank, is no failure of this worker, and a
+// restart would only be refused (Kubernetes must neither restart it nor alert).
+std::string JobEndMessage(const std::string& job_id, const HeartbeatSnapshot& last) {
   const std::string why = last.job_message.empty() ? "" : absl::StrCat(": ", last.job_message);
   switch (last.job_state) {
     case v1::CANCELLED:
-      return {0, absl::StrCat("job ", job_id, " was cancelled", why)};
-    case v1::FAILED:  // by another rank's error (this one's own returns before): no restart
-      return {0, absl::StrCat("job ", job_id, " failed", why)};
+      return absl::StrCat("job ", job_id, " was cancelled", why);
+    case v1::FAILED:  // by another rank's error (this one's own returns before)
+      return absl::StrCat("job ", job_id, " failed", why);
     default:
-      return {0, absl::StrCat("job ", job_id, " ended: ", v1::JobState_Name(last.job_state), why)};
+      return absl::StrCat("job ", job_id, " ended: ", v1::JobState_Name(last.job_state), why);
   }
 }
+
+}  // namespace
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
   if (options_.name.empty()) {
@@ -692,7 +695,7 @@ WorkerExit Worker::RunOrThrow() {
     after = a->generation();
   }
   collective_.reset();
-  return JobEndExit(job_id_, link_->Snapshot());
+  return {0, JobEndMessage(job_id_, link_->Snapshot())};
 }
 
 bool Worker::JobOver() {

@@ -63,11 +63,6 @@ struct WorkerExit {
   std::string message;
 };
 
-// How this process ends with its job (`last`: the coordinator's word on it). A job cancelled,
-// or failed by another rank, is no failure of this worker: exit 0, so that Kubernetes
-// neither restarts it (a restart would be refused) nor alerts.
-WorkerExit JobEndExit(const std::string& job_id, const HeartbeatSnapshot& last);
-
 class Worker {
  public:
   // Outcome of running windows in one generation.

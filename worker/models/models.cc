@@ -231,9 +231,11 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
   // Same seed, same initial weights on every rank (and in the tests' reference loop).
   torch::manual_seed(resolved.seed());
   switch (m.kind_case()) {
-    case v1::Model::kTinyGpt:
-      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(
-          TinyGpt(m.tiny_gpt(), ModelVocabSize(resolved)), ModelVocabSize(resolved)));
+    case v1::Model::kTinyGpt: {
+      const int64_t vocab = ModelVocabSize(resolved);
+      return std::unique_ptr<Model>(
+          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), vocab), vocab));
+    }
     case v1::Model::kMlp:
       return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp()), 0));
     case v1::Model::kTorchscript: {
