@@ -61,10 +61,14 @@ SAN_CMAKE_FLAGS = -DCMAKE_CXX_COMPILER=$(SAN_CXX) -DCMAKE_BUILD_TYPE=RelWithDebI
 ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 \
   LSAN_OPTIONS=suppressions=$(abspath tests/sanitizers/lsan.supp):print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# tests/sanitizers/tsan.supp: interceptor calls made inside uninstrumented libraries, and
-# named races inside gRPC's headers and prometheus-cpp (each entry says why).
-TSAN_ENV = TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(abspath tests/sanitizers/tsan.supp) \
-  LD_PRELOAD=$(abspath $(TSAN_BUILD_DIR))/lib/libtrainstep_tsan_absl_shim.so
+# tests/sanitizers/tsan.supp: interceptor calls made inside uninstrumented libraries and
+# prometheus-cpp's mutex (each entry says why); with Debian's uninstrumented gRPC (check-tsan-
+# core), tsan-system-grpc.supp's lines too: they name races inside gRPC's headers.
+TSAN_OPTS = halt_on_error=1:second_deadlock_stack=1
+TSAN_SHIM = LD_PRELOAD=$(abspath $(TSAN_BUILD_DIR))/lib/libtrainstep_tsan_absl_shim.so
+TSAN_SYSTEM_GRPC_SUPP = $(abspath $(TSAN_BUILD_DIR))/tsan-system-grpc.supp
+TSAN_ENV = TSAN_OPTIONS=$(TSAN_OPTS):suppressions=$(TSAN_SYSTEM_GRPC_SUPP) $(TSAN_SHIM)
+TSAN_GRPC_ENV = TSAN_OPTIONS=$(TSAN_OPTS):suppressions=$(abspath tests/sanitizers/tsan.supp) $(TSAN_SHIM)
 SAN_CTEST = ctest --output-on-failure -j $(JOBS) --timeout 900
 
 .PHONY: configure-asan check-asan fuzz configure-tsan tsan-build check-tsan check-tsan-core
@@ -84,23 +88,36 @@ fuzz: configure-asan
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
 	FUZZ_SEED=$(FUZZ_SEED) ./tests/fuzz/run.sh $(ASAN_BUILD_DIR) $(FUZZ_SECONDS) $(FUZZ_JOBS)
 
+# TSAN_GRPC: a folder of gRPC's libraries built with TSan (check-tsan sets it; empty: the
+# system's uninstrumented ones, as check-tsan-core uses them).
+TSAN_GRPC ?=
 configure-tsan: deps
-	cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(SAN_CMAKE_FLAGS) -DTRAINSTEP_SANITIZE=thread
+	cmake -S . -B $(TSAN_BUILD_DIR) -G Ninja $(SAN_CMAKE_FLAGS) -DTRAINSTEP_SANITIZE=thread \
+	  -DTRAINSTEP_TSAN_GRPC=$(TSAN_GRPC)
 
 tsan-build: configure-tsan
 	@! git grep -n -E 'std::(mutex|recursive_mutex|shared_mutex|condition_variable)|pthread_mutex_' \
 	  -- '*.cc' '*.h' || { echo "check-tsan: trainstep uses absl::Mutex only (tests/sanitizers/tsan.supp)" >&2; exit 1; }
 	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS)
+	cat tests/sanitizers/tsan.supp tests/sanitizers/tsan-system-grpc.supp >$(TSAN_SYSTEM_GRPC_SUPP)
 
-# Every test of that build under TSan.
-check-tsan: tsan-build
-	$(TSAN_ENV) $(SAN_CTEST) --test-dir $(TSAN_BUILD_DIR)
+# Every test of that build under TSan, with gRPC itself built with TSan from the Debian source
+# package the system's came from (scripts/tsan-grpc.sh: cached in /var/cache/trainstep, ~30 min
+# cold on 2 cores), so that TSan sees both halves of gRPC's callback code: the half its headers
+# inline into our binaries and the half inside libgrpc that orders it; so no suppression of
+# tests/sanitizers/tsan-system-grpc.supp applies.
+check-tsan: deps
+	grpc=$$(./scripts/tsan-grpc.sh ensure) || exit 1; \
+	  $(MAKE) --no-print-directory tsan-build TSAN_GRPC=$$grpc || exit 1; \
+	  ldd $(TSAN_BUILD_DIR)/bin/trainstep-coordinator | grep -q "libgrpc\.so\.[0-9]* => $$grpc/" || \
+	  { echo "check-tsan: the TSan build does not load libgrpc from $$grpc" >&2; exit 1; }
+	$(TSAN_GRPC_ENV) $(SAN_CTEST) --test-dir $(TSAN_BUILD_DIR)
 
-# The tests that start a gRPC server, a /metrics endpoint or processes: TSan still reports races
-# inside gRPC's header-inlined callback code and prometheus-cpp, whose other halves Debian
-# builds uninstrumented (SECURITY.md, "ThreadSanitizer status"). CI runs every other test under
-# TSan (check-tsan-core): the journal's and the coordinator's own threads, the step machine,
-# the registry, the readers; check-tsan runs all.
+# The tests that start a gRPC server, a /metrics endpoint or processes: with Debian's
+# uninstrumented libgrpc, TSan reports races inside gRPC's header-inlined callback code whose
+# ordering happens inside libgrpc (SECURITY.md, "ThreadSanitizer status"). CI runs every other
+# test under TSan (check-tsan-core): the journal's and the coordinator's own threads, the step
+# machine, the registry, the readers; check-tsan runs all, with gRPC built with TSan.
 TSAN_SERVER_TESTS = ^(CliE2eTest|CliTest|SecurityProcessTest|LoopbackTest|LimitsProcessTest|CoordinatorProcessTest|StructuredLogTest|MetricsHttpTest|MetricsExpositionTest|MetricsEndpointTest|PrometheusServerTest|GrafanaDashboardTest|JobPlotCommandTest)[.]|^python_
 check-tsan-core: tsan-build
 	$(TSAN_ENV) $(SAN_CTEST) --test-dir $(TSAN_BUILD_DIR) -E '$(TSAN_SERVER_TESTS)'

@@ -233,8 +233,7 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
   switch (m.kind_case()) {
     case v1::Model::kTinyGpt: {
       const int64_t vocab = ModelVocabSize(resolved);
-      return std::unique_ptr<Model>(
-          new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), vocab), vocab));
+      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), vocab), vocab));
     }
     case v1::Model::kMlp:
       return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp()), 0));
