@@ -102,7 +102,7 @@ tsan-build: configure-tsan
 	cat tests/sanitizers/tsan.supp tests/sanitizers/tsan-system-grpc.supp >$(TSAN_SYSTEM_GRPC_SUPP)
 
 # Every test of that build under TSan, with gRPC itself built with TSan from the Debian source
-# package the system's came from (scripts/tsan-grpc.sh: cached in /var/cache/trainstep, ~30 min
+# package the system's came from (scripts/tsan-grpc.sh: cached in /var/cache/trainstep, ~9 min
 # cold on 2 cores), so that TSan sees both halves of gRPC's callback code: the half its headers
 # inline into our binaries and the half inside libgrpc that orders it; so no suppression of
 # tests/sanitizers/tsan-system-grpc.supp applies.
@@ -115,9 +115,10 @@ check-tsan: deps
 
 # The tests that start a gRPC server, a /metrics endpoint or processes: with Debian's
 # uninstrumented libgrpc, TSan reports races inside gRPC's header-inlined callback code whose
-# ordering happens inside libgrpc (SECURITY.md, "ThreadSanitizer status"). CI runs every other
-# test under TSan (check-tsan-core): the journal's and the coordinator's own threads, the step
-# machine, the registry, the readers; check-tsan runs all, with gRPC built with TSan.
+# ordering happens inside libgrpc (SECURITY.md, "ThreadSanitizer status"). check-tsan-core runs
+# every other test under TSan: the journal's and the coordinator's own threads, the step
+# machine, the registry, the readers. check-tsan runs all, with gRPC built with TSan; CI runs
+# that, and this only when its budget has no room for gRPC's build.
 TSAN_SERVER_TESTS = ^(CliE2eTest|CliTest|SecurityProcessTest|LoopbackTest|LimitsProcessTest|CoordinatorProcessTest|StructuredLogTest|MetricsHttpTest|MetricsExpositionTest|MetricsEndpointTest|PrometheusServerTest|GrafanaDashboardTest|JobPlotCommandTest)[.]|^python_
 check-tsan-core: tsan-build
 	$(TSAN_ENV) $(SAN_CTEST) --test-dir $(TSAN_BUILD_DIR) -E '$(TSAN_SERVER_TESTS)'
