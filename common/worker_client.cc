@@ -58,34 +58,24 @@ WorkerClient::WorkerClient(std::shared_ptr<grpc::Channel> channel, WorkerClientO
     : stub_(v1::WorkerService::NewStub(std::move(channel))), options_(std::move(options)) {}
 
 template <typename Req, typename Resp, typename Method>
-absl::StatusOr<Resp> WorkerClient::Call(Method method, const Req& req, absl::Duration timeout,
-                                        CallCanceller* canceller) {
+absl::StatusOr<Resp> WorkerClient::Call(Method method, const Req& req, absl::Duration timeout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(timeout));
-  if (canceller != nullptr && !canceller->Enter([&ctx] { ctx.TryCancel(); })) {
-    return absl::CancelledError("the call was cancelled");
-  }
   Resp resp;
   grpc::Status status = (stub_.get()->*method)(&ctx, req, &resp);
-  if (canceller != nullptr) canceller->Leave();
   if (!status.ok()) return FromGrpcStatus(status);
   return resp;
 }
 
 template <typename Req, typename Resp, typename Method>
-absl::StatusOr<Resp> WorkerClient::CallWaiting(Method method, const Req& req, absl::Duration total,
-                                               CallCanceller* canceller) {
+absl::StatusOr<Resp> WorkerClient::CallWaiting(Method method, const Req& req,
+                                               absl::Duration total) {
   const absl::Time give_up = absl::Now() + total;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     const absl::Duration left = give_up - absl::Now();
-    absl::StatusOr<Resp> r =
-        Call<Req, Resp>(method, req, std::min(options_.barrier_poll, left), canceller);
+    absl::StatusOr<Resp> r = Call<Req, Resp>(method, req, std::min(options_.barrier_poll, left));
     if (r.ok()) return r;
-    // Cancelled by this client: not the transient CANCELLED of a server shutting down.
-    if (canceller != nullptr && canceller->cancelled()) {
-      return absl::CancelledError("the call was cancelled");
-    }
     const absl::StatusCode code = r.status().code();
     // Reports are idempotent: re-sending after a lost answer or a restart is safe.
     if (!IsTransient(code)) return r;
@@ -181,12 +171,6 @@ absl::StatusOr<v1::BeginWindowResponse> WorkerClient::BeginWindow(
     const v1::BeginWindowRequest& req) {
   return CallWaiting<v1::BeginWindowRequest, v1::BeginWindowResponse>(
       &v1::WorkerService::Stub::BeginWindow, req, options_.give_up_after);
-}
-
-absl::StatusOr<v1::BeginWindowResponse> WorkerClient::BeginWindow(const v1::BeginWindowRequest& req,
-                                                                  CallCanceller* canceller) {
-  return CallWaiting<v1::BeginWindowRequest, v1::BeginWindowResponse>(
-      &v1::WorkerService::Stub::BeginWindow, req, options_.give_up_after, canceller);
 }
 
 absl::StatusOr<v1::CompleteWindowResponse> WorkerClient::CompleteWindow(

@@ -88,13 +88,6 @@ class WorkerRpc : public WorkerControlClient {
  public:
   virtual absl::StatusOr<v1::BeginWindowResponse> BeginWindow(
       const v1::BeginWindowRequest& req) = 0;
-  // The same call, which `canceller` ends from another thread (CANCELLED): a BeginWindow sent
-  // ahead for the next window is dropped at once when its window can no longer start.
-  // Without an override the canceller is ignored and the call runs to its answer.
-  virtual absl::StatusOr<v1::BeginWindowResponse> BeginWindow(const v1::BeginWindowRequest& req,
-                                                              CallCanceller* canceller) {
-    return BeginWindow(req);
-  }
   virtual absl::StatusOr<v1::CompleteWindowResponse> CompleteWindow(
       const v1::CompleteWindowRequest& req) = 0;
   virtual absl::StatusOr<v1::ReportEvalResponse> ReportEval(const v1::ReportEvalRequest& req) = 0;
@@ -130,8 +123,6 @@ class WorkerClient : public WorkerRpc {
       const v1::RegisterWorkerRequest& req) override;
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override;
   absl::StatusOr<v1::BeginWindowResponse> BeginWindow(const v1::BeginWindowRequest& req) override;
-  absl::StatusOr<v1::BeginWindowResponse> BeginWindow(const v1::BeginWindowRequest& req,
-                                                      CallCanceller* canceller) override;
   absl::StatusOr<v1::CompleteWindowResponse> CompleteWindow(
       const v1::CompleteWindowRequest& req) override;
   absl::StatusOr<v1::ReportEvalResponse> ReportEval(const v1::ReportEvalRequest& req) override;
@@ -158,15 +149,13 @@ class WorkerClient : public WorkerRpc {
   absl::StatusOr<int64_t> StoreNumKeys(const std::string& job_id) override;
 
  private:
-  // One unary call with a deadline of `timeout`; `canceller` (may be null) can end it.
+  // One unary call with a deadline of `timeout`.
   template <typename Req, typename Resp, typename Method>
-  absl::StatusOr<Resp> Call(Method method, const Req& req, absl::Duration timeout,
-                            CallCanceller* canceller = nullptr);
-  // A waiting call: re-sent while it expires or the coordinator is unavailable, until
-  // `canceller` (may be null) ends it.
+  absl::StatusOr<Resp> Call(Method method, const Req& req, absl::Duration timeout);
+  // A waiting call: re-sent while it expires or the coordinator is unavailable, for up to
+  // `total`.
   template <typename Req, typename Resp, typename Method>
-  absl::StatusOr<Resp> CallWaiting(Method method, const Req& req, absl::Duration total,
-                                   CallCanceller* canceller = nullptr);
+  absl::StatusOr<Resp> CallWaiting(Method method, const Req& req, absl::Duration total);
 
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   WorkerClientOptions options_;

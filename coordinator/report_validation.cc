@@ -41,6 +41,32 @@ absl::Status ValidateWindowCoordinates(absl::string_view request, const Req& req
   return InRange(request, "valid_units", req.valid_units(), 0, kMaxUnits);
 }
 
+// A begin report riding on a CompleteWindow is the same rank's, for the window after it.
+absl::Status ValidateNextBegin(const v1::CompleteWindowRequest& req) {
+  const v1::BeginWindowRequest& next = req.next();
+  constexpr absl::string_view kNext = "CompleteWindowRequest.next";
+  if (absl::Status s = ValidateWindowCoordinates(kNext, next); !s.ok()) return s;
+  const auto differs = [&](absl::string_view field, const std::string& got,
+                           const std::string& want) {
+    return absl::InvalidArgumentError(absl::StrCat(kNext, ".", field, " must be ", want,
+                                                   " (the report it rides on), got ", got));
+  };
+  if (next.job_id() != req.job_id()) return differs("job_id", next.job_id(), req.job_id());
+  if (next.worker_id() != req.worker_id()) {
+    return differs("worker_id", next.worker_id(), req.worker_id());
+  }
+  if (next.generation() != req.generation()) {
+    return differs("generation", absl::StrCat(next.generation()), absl::StrCat(req.generation()));
+  }
+  if (next.rank() != req.rank()) {
+    return differs("rank", absl::StrCat(next.rank()), absl::StrCat(req.rank()));
+  }
+  if (next.window_id() != req.window_id() + 1) {
+    return differs("window_id", absl::StrCat(next.window_id()), absl::StrCat(req.window_id() + 1));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req) {
@@ -85,6 +111,7 @@ absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
                           kRequest, field, norm));
     }
   }
+  if (req.has_next()) return ValidateNextBegin(req);
   return absl::OkStatus();
 }
 

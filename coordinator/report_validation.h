@@ -22,6 +22,8 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req);
 absl::Status ValidateBeginWindow(const v1::BeginWindowRequest& req);
 // loss_sum may be non-finite (the window is then skipped NONFINITE_LOSS), and grad_norm may be
 // NaN or +inf (an overflow window, found_inf, or a norm that overflowed fp32), never negative.
+// Its `next` (if set) is a valid begin report of the same job, worker, generation and rank for
+// window_id + 1.
 absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req);
 absl::Status ValidateAckCheckpoint(const v1::AckCheckpointRequest& req);
 // loss_sum may be non-finite (weights that overflow on the held-out data): it is recorded so.

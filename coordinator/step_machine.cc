@@ -918,6 +918,30 @@ Answer<v1::BeginWindowResponse> StepMachine::DecidedAtBegin(const v1::WindowDeci
 absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
     const v1::CompleteWindowRequest& req, absl::Time now) {
   RETURN_IF_ERROR(ValidateCompleteWindow(req));
+  ASSIGN_OR_RETURN(Answer<v1::CompleteWindowResponse> answer, ReportComplete(req, now));
+  // The next window's begin answer rides back with the decision when its barrier passed in the
+  // same round. Otherwise (an ABORT, the job's end, a barrier held for an evaluation) it stays
+  // out: the worker sends that BeginWindow itself, and its report counts once. Only a report
+  // counted before the decision (ReportComplete) is answered here: one counted after it would
+  // claim this rank applied a decision it has not received yet.
+  if (answer.ready && req.has_next() && CountedAhead(req.next())) {
+    absl::StatusOr<Answer<v1::BeginWindowResponse>> next = BeginWindow(req.next(), now);
+    if (next.ok() && next->ready) *answer.response.mutable_next() = std::move(next->response);
+  }
+  return answer;
+}
+
+bool StepMachine::CountedAhead(const v1::BeginWindowRequest& next) const {
+  if (FindDecision(next.generation(), next.window_id()) != nullptr) return true;  // ended empty
+  auto it = attempts_.find(next.window_id());
+  if (it == attempts_.end() || next.rank() >= static_cast<int32_t>(it->second.units.size())) {
+    return false;
+  }
+  return it->second.units[next.rank()].has_value();
+}
+
+absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::ReportComplete(
+    const v1::CompleteWindowRequest& req, absl::Time now) {
   Answer<v1::CompleteWindowResponse> answer;
   if (const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id())) {
     answer.ready = true;
@@ -938,16 +962,24 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::CompleteWindow(
   // coordinator never saw. Idempotent per rank: it never counts twice.
   RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
   membership_.NoteApplied(req.worker_id(), update_id_);
+  // The report itself, without the begin report riding on it: sent again with or without
+  // that, it is the same report.
+  v1::CompleteWindowRequest report = req;
+  report.clear_next();
   std::optional<v1::CompleteWindowRequest>& slot = attempt->complete[req.rank()];
   if (slot.has_value()) {
-    if (slot->SerializeAsString() != req.SerializeAsString()) {
+    if (slot->SerializeAsString() != report.SerializeAsString()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", req.rank(), " sent two different reports for window ", req.window_id()));
     }
   } else {
-    slot = req;
+    slot = std::move(report);
     ++attempt->completes_reported;  // the decision's record wakes the waiters
   }
+  // The next window's begin report counts before this window can be decided, as a BeginWindow
+  // sent ahead does: so it does not claim that this rank applied the decision (NoteApplied),
+  // which it learns only from this call's answer. Refused, it is only not answered here.
+  if (req.has_next()) (void)BeginWindow(req.next(), now);
   const bool all = attempt->completes_reported == static_cast<int32_t>(attempt->complete.size());
   if (!all || !BarrierReady(*attempt)) return answer;
   DecideWindow(*attempt, now);

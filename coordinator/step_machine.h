@@ -85,6 +85,9 @@ class StepMachine {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req, absl::Time now);
   absl::StatusOr<Answer<v1::BeginWindowResponse>> BeginWindow(const v1::BeginWindowRequest& req,
                                                               absl::Time now);
+  // With `next` (the same rank's BeginWindow for the window after), that report counts as one
+  // sent ahead, and its answer comes back in the response's `next` when its barrier passed in
+  // the round of this decision: one call per window.
   absl::StatusOr<Answer<v1::CompleteWindowResponse>> CompleteWindow(
       const v1::CompleteWindowRequest& req, absl::Time now);
   absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req, absl::Time now);
@@ -190,6 +193,13 @@ class StepMachine {
   // generation is gone (with the decision, if the window was decided in it).
   absl::Status CheckMember(const std::string& worker_id, int64_t generation, int32_t rank) const;
   const v1::WindowDecision* FindDecision(int64_t generation, int64_t window_id) const;
+  // CompleteWindow without the begin report riding on it (`next`), which it counts before it
+  // can decide the window.
+  absl::StatusOr<Answer<v1::CompleteWindowResponse>> ReportComplete(
+      const v1::CompleteWindowRequest& req, absl::Time now);
+  // Whether a BeginWindow riding on a CompleteWindow was counted before that window's decision
+  // (or its window already ended at the barrier): only then is it answered with the decision.
+  bool CountedAhead(const v1::BeginWindowRequest& next) const;
   absl::StatusOr<Attempt*> AttemptFor(int64_t window_id);
   absl::Status RecordUnits(Attempt* attempt, int32_t rank, int64_t units);
   // A CompleteWindow needs the begin barrier's N: OK once the barrier completed, or for the

@@ -58,9 +58,10 @@ ABSL_FLAG(bool, overlap_allreduce, true,
           "gradients are final (CPU workers; the same buckets and sums as after backward). "
           "false: all-reduce after backward, e.g. to compare or to rule it out");
 ABSL_FLAG(bool, pipeline_begin, true,
-          "send the next window's BeginWindow (its token count needs no weights) while this "
-          "window computes, so that its answer comes with this window's decision. false: each "
-          "window's BeginWindow is sent when the window starts, e.g. to compare or rule it out");
+          "send the next window's BeginWindow (its token count needs no weights) with this "
+          "window's CompleteWindow, so that its answer comes with this window's decision: one "
+          "call per window. false: each window's BeginWindow is sent when the window starts, "
+          "e.g. to compare or rule it out");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
 ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
           "TEST ONLY: perturb this worker's gradient in that window so replicas desync");

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -76,7 +77,7 @@ Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
   }
 }
 
-Worker::~Worker() { DropNextBegin(); }
+Worker::~Worker() = default;
 
 void Worker::Fail(const absl::Status& status) {
   if (link_ == nullptr) {
@@ -320,60 +321,23 @@ bool Worker::PipelinesAfter(int64_t window_id, const v1::BeginWindowResponse& b)
   const int64_t total = JobTotalWindows(spec_, planner_->windows_per_epoch());
   if (total > 0 && window_id >= total) return false;
   // The coordinator holds the next begin barrier until an evaluation due after this window
-  // ends: the answer would come no sooner.
+  // ends: no answer could come with the decision.
   const int64_t eval_every = spec_.has_eval() ? spec_.eval().every_updates() : 0;
   return !(eval_every > 0 && update_after % eval_every == 0);
 }
 
-// A BeginWindow sent ahead: the plan it reports, the call on its own thread, and its answer.
-struct Worker::NextBegin {
-  WindowPlan plan;
-  v1::BeginWindowRequest request;
-  CallCanceller cancel;
-  std::thread call;
-  // Written by `call` before it ends; read only once it is joined.
-  absl::StatusOr<v1::BeginWindowResponse> answer = absl::UnknownError("not answered");
-  std::string answered_by;  // the coordinator process when the answer came (heartbeats' view)
-};
-
-void Worker::SendNextBegin(const v1::Assignment& a, int64_t window_id) {
-  DropNextBegin();  // one in flight at most
-  auto next = std::make_unique<NextBegin>();
-  next->plan = PlanWindow(a, window_id);
-  next->request = BeginRequest(a, window_id, next->plan.units);
-  NextBegin* n = next.get();
-  // Joined before `next` or this Worker goes (TakeNextBegin, DropNextBegin).
-  n->call = std::thread([this, n] {
-    absl::StatusOr<v1::BeginWindowResponse> answer = client_->BeginWindow(n->request, &n->cancel);
-    // As a BeginWindow sent when the window starts: which coordinator answered decides whether
-    // a restart since then forgot this report (ResendBeginIfCoordinatorRestarted).
-    if (answer.ok()) n->answered_by = link_->Snapshot().coordinator_id;
-    n->answer = std::move(answer);
-  });
-  next_begin_ = std::move(next);
-}
-
-std::unique_ptr<Worker::NextBegin> Worker::TakeNextBegin(const v1::Assignment& a,
-                                                         int64_t window_id) {
-  if (next_begin_ == nullptr) return nullptr;
-  const v1::BeginWindowRequest& r = next_begin_->request;
+std::optional<Worker::NextBegin> Worker::TakeNextBegin(const v1::Assignment& a,
+                                                       int64_t window_id) {
+  std::optional<NextBegin> next = std::exchange(next_begin_, std::nullopt);
+  if (!next.has_value()) return std::nullopt;
+  const v1::BeginWindowRequest& r = next->request;
   // Its answer follows the previous window's decision: usable only once that decision was
   // applied here, and only by the window and generation it was sent for.
   if (r.generation() != a.generation() || r.window_id() != window_id || r.rank() != a.rank() ||
       r.worker_id() != link_->member_id() || applied_window_ != window_id - 1) {
-    DropNextBegin();
-    return nullptr;
+    return std::nullopt;
   }
-  std::unique_ptr<NextBegin> next = std::move(next_begin_);
-  next->call.join();
   return next;
-}
-
-void Worker::DropNextBegin() {
-  if (next_begin_ == nullptr) return;
-  next_begin_->cancel.Cancel();
-  next_begin_->call.join();
-  next_begin_.reset();
 }
 
 absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, int64_t window_id) {
@@ -381,18 +345,16 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   v1::BeginWindowRequest begin;
   absl::StatusOr<v1::BeginWindowResponse> b = absl::UnknownError("not sent");
   std::string answered_by;
-  if (std::unique_ptr<NextBegin> sent = TakeNextBegin(a, window_id)) {
-    plan = std::move(sent->plan);
-    begin = std::move(sent->request);
-    b = std::move(sent->answer);
-    answered_by = std::move(sent->answered_by);
+  if (std::optional<NextBegin> ahead = TakeNextBegin(a, window_id)) {
+    plan = std::move(ahead->plan);
+    begin = std::move(ahead->request);
+    b = std::move(ahead->answer);
+    answered_by = std::move(ahead->answered_by);
   } else {
+    // Not answered ahead: sent now. Idempotent: a report that rode on the previous window's
+    // CompleteWindow and was counted then is counted once.
     plan = PlanWindow(a, window_id);
     begin = BeginRequest(a, window_id, plan.units);
-  }
-  // Not sent ahead, or that call failed (cancelled, unreachable): sent now. Idempotent: the
-  // same report is counted once.
-  if (!b.ok()) {
     b = client_->BeginWindow(begin);
     if (b.ok()) answered_by = link_->Snapshot().coordinator_id;
   }
@@ -404,9 +366,14 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     applied_window_ = window_id;
     return b->decision();
   }
-  // Past the barrier: the next window's n_r is known already, and its barrier can be waiting
-  // for this window's decision instead of after it.
-  if (PipelinesAfter(window_id, *b)) SendNextBegin(a, window_id + 1);
+  // Past the barrier: the next window's n_r is known already; its report rides on this
+  // window's CompleteWindow, and its barrier passes in the round of this window's decision.
+  std::optional<NextBegin> next;
+  if (PipelinesAfter(window_id, *b)) {
+    next.emplace();
+    next->plan = PlanWindow(a, window_id + 1);
+    next->request = BeginRequest(a, window_id + 1, next->plan.units);
+  }
 
   {
     absl::MutexLock lock(&begin_mu_);
@@ -471,11 +438,17 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   if (check.grad_norm_scaled.has_value()) complete.set_grad_norm_scaled(*check.grad_norm_scaled);
   complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
   complete.set_allreduce_calls(reduced->calls);
+  if (next.has_value()) *complete.mutable_next() = next->request;
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
   if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
   const v1::WindowDecision& d = c->decision();
   ApplyDecision(d);
   if (d.outcome() != v1::ABORT) applied_window_ = window_id;
+  if (next.has_value() && c->has_next() && d.outcome() != v1::ABORT) {
+    next->answer = c->next();
+    next->answered_by = link_->Snapshot().coordinator_id;
+    next_begin_ = std::move(next);
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->AddMicroSteps(static_cast<int64_t>(micro_batches.size()));
     options_.metrics->AddAllReduce(reduced->calls, reduced->bytes);
@@ -599,7 +572,7 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
   // The replica holds the state from before a.next_window_id(). A BeginWindow sent ahead
   // never outlives the generation (abort, rollback, the stop, an error): its answer is dropped.
   applied_window_ = a.next_window_id() - 1;
-  auto drop_next_begin = absl::MakeCleanup([this] { DropNextBegin(); });
+  auto drop_next_begin = absl::MakeCleanup([this] { next_begin_.reset(); });
   // The coordinator's word on the latest evaluation (a rollback may have erased ours).
   if (a.has_last_eval_loss()) {
     last_eval_.emplace(a.last_eval_update_id(), a.last_eval_loss());

@@ -42,9 +42,10 @@ struct WorkerOptions {
   // gradients are final (--overlap-allreduce); false: after backward, as one pass. The same
   // buckets and sums either way. CPU (Gloo) only: a CUDA worker always reduces after backward.
   bool overlap_allreduce = true;
-  // Send the next window's BeginWindow (its token count depends on no weights) once this
-  // window passed its begin barrier, so that its answer comes with this window's decision
-  // (--pipeline-begin); false: each window's BeginWindow is sent when the window starts.
+  // Send the next window's BeginWindow (its token count depends on no weights) with this
+  // window's CompleteWindow, so that its answer comes with this window's decision: one call
+  // per window (--pipeline-begin); false: each window's BeginWindow is sent when the window
+  // starts.
   bool pipeline_begin = true;
   WorkerMetrics* metrics = nullptr;  // may be null
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
@@ -89,19 +90,21 @@ class Worker {
   WindowPlan PlanWindow(const v1::Assignment& a, int64_t window_id) const;
   v1::BeginWindowRequest BeginRequest(const v1::Assignment& a, int64_t window_id,
                                       int64_t units) const;
-  // Whether window_id + 1's BeginWindow is sent during window_id, whose begin barrier answered
-  // `b`: not when it cannot start then anyway (the stop may come after window_id, or an
-  // evaluation may be due).
+  // Whether window_id + 1's BeginWindow rides on window_id's CompleteWindow, window_id's begin
+  // barrier having answered `b`: not when that window cannot start then anyway (the stop may
+  // come after window_id, or an evaluation may be due).
   bool PipelinesAfter(int64_t window_id, const v1::BeginWindowResponse& b) const;
-  // Plans window_id and sends its BeginWindow on a helper thread (one at most in flight).
-  void SendNextBegin(const v1::Assignment& a, int64_t window_id);
-  // The BeginWindow sent ahead for `window_id` of `a`, joined (its answer there), or null when
-  // none was sent for it or the previous window's decision was not applied here; anything
-  // else in flight is dropped.
-  struct NextBegin;
-  std::unique_ptr<NextBegin> TakeNextBegin(const v1::Assignment& a, int64_t window_id);
-  // Cancels and joins a BeginWindow sent ahead, if any; its answer is discarded.
-  void DropNextBegin();
+  // A BeginWindow answered ahead: window w+1's report rode on w's CompleteWindow and came back
+  // answered with w's decision (pipeline_begin).
+  struct NextBegin {
+    WindowPlan plan;
+    v1::BeginWindowRequest request;
+    v1::BeginWindowResponse answer;
+    std::string answered_by;  // the coordinator process that answered (heartbeats' view)
+  };
+  // The answer ahead for `window_id` of `a`, or nothing when none came for it or the previous
+  // window's decision was not applied here; one for anything else is dropped.
+  std::optional<NextBegin> TakeNextBegin(const v1::Assignment& a, int64_t window_id);
   // This rank's forward/backward passes of a window; returns Σ loss. No collective call, but
   // the last backward passes each gradient to `last_ready` (if any) once it is final.
   absl::StatusOr<double> RunMicroSteps(const v1::Assignment& a,
@@ -155,10 +158,10 @@ class Worker {
   std::string begun_with_ ABSL_GUARDED_BY(begin_mu_);  // the coordinator that answered it
   std::thread begin_resend_ ABSL_GUARDED_BY(begin_mu_);
 
-  // The next window's BeginWindow in flight on its own thread (pipeline_begin); training
-  // thread only. Never outlives its generation: dropped (cancelled, joined) on every way out
-  // of RunGeneration, and by the destructor.
-  std::unique_ptr<NextBegin> next_begin_;
+  // The next window's begin answer, come with this window's decision (pipeline_begin);
+  // training thread only. Never outlives its generation: dropped on every way out of
+  // RunGeneration.
+  std::optional<NextBegin> next_begin_;
   // The last window whose decision this replica applied, in the generation it runs.
   int64_t applied_window_ = 0;
 };

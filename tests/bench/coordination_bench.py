@@ -8,8 +8,9 @@ Two systems, each with W ranks as separate processes on this machine:
   coordinator  the real trainstep-coordinator (journal on --journal-dir, fsync per decision)
                and W simulated ranks (bench/coordination_rank: tests/integration's
                SimulatedWorker, the real WorkerService protocol, no LibTorch). Each rank
-               times "send BeginWindow → hold the decision" (BeginWindow, then
-               CompleteWindow, no compute between) for --windows windows after --skip.
+               times the round from one decision to the next, no compute between: one
+               CompleteWindow per window carrying the next window's begin report (the
+               worker's default, --pipeline-begin), for --windows windows after --skip.
   gloo         W processes of tests/bench/gloo_allreduce_rank.py (Debian's python3-torch,
                torch.distributed Gloo on 127.0.0.1): an all-reduce of one float, timed,
                --windows times after --skip.
@@ -19,6 +20,8 @@ within a repetition, and the headline is the median [min–max] over repetitions
 
 --breakdown adds, in the same interleaving, where a round's time goes:
   coord-tmpfs  the coordinator with its journal on /dev/shm (fsync ≈ free): the fsync's share;
+  coord-2rpc   the coordinator with ranks that send BeginWindow and CompleteWindow apart
+               (--pipeline-begin=false): what riding the begin report on CompleteWindow saves;
   unary-1      one client process making two ListJobs calls in a row (each pair timed)
                against a fresh coordinator: the gRPC cost alone, with no barrier or journal;
   unary-W      W such client processes at once: the same calls under the round's load;
@@ -119,7 +122,7 @@ class Coordinator:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def run_coordinator(args, world, work, journal_parent):
+def run_coordinator(args, world, work, journal_parent, pipeline_begin=True):
     rank = os.path.join(args.build_dir, "bench", "coordination_rank")
     windows = args.skip + args.windows
     c = Coordinator(args, work, journal_parent)
@@ -131,7 +134,8 @@ def run_coordinator(args, world, work, journal_parent):
         outs = [os.path.join(work, f"rank-{r}.json") for r in range(world)]
         procs = [subprocess.Popen([rank, "--address", c.address, "--job", job,
                                    "--name", f"rank-{r}", "--samples", str(world * windows),
-                                   "--skip", str(args.skip), "--out", outs[r]])
+                                   "--skip", str(args.skip), "--out", outs[r],
+                                   f"--pipeline_begin={str(pipeline_begin).lower()}"])
                  for r in range(world)]
         wait_all(procs, f"coordinator W={world}", args.timeout)
         coordinator_cpu = c.cpu() - cpu0
@@ -268,6 +272,8 @@ def main():
             if args.breakdown:
                 systems += [
                     ("coord-tmpfs", lambda: run_coordinator(args, world, work, "/dev/shm")),
+                    ("coord-2rpc", lambda: run_coordinator(args, world, work, args.journal_dir,
+                                                           pipeline_begin=False)),
                     ("unary-1", lambda: run_unary(args, 1, work)),
                     ("unary-W", lambda: run_unary(args, world, work)),
                     ("fsync", lambda: run_fsync(args, args.journal_dir))]
@@ -300,15 +306,18 @@ def main():
               f"| {med(g, 'rank_cpu_per_round') * 1e3:.2f} ms "
               f"| {med(c, 'rounds_per_s'):.0f} | {med(g, 'rounds_per_s'):.0f} |")
     if args.breakdown:
-        print("\n| W | round, journal on disk | round, journal on tmpfs | two unary calls, "
-              "1 client | two unary calls, W clients | server CPU per unary call | "
-              "fsync alone |")
-        print("|---|---|---|---|---|---|---|")
+        print("\n| W | round, journal on disk | round, journal on tmpfs | round, two calls "
+              "per window (CPU ranks + server) | two unary calls, 1 client | two unary calls, "
+              "W clients | server CPU per unary call | fsync alone |")
+        print("|---|---|---|---|---|---|---|---|")
         for world in worlds:
             r = {s: results[(s, world)] for s in
-                 ("coordinator", "coord-tmpfs", "unary-1", "unary-W", "fsync")}
+                 ("coordinator", "coord-tmpfs", "coord-2rpc", "unary-1", "unary-W", "fsync")}
             print(f"| {world} | {med(r['coordinator'], 'p50') * 1e3:.3f} ms "
                   f"| {med(r['coord-tmpfs'], 'p50') * 1e3:.3f} ms "
+                  f"| {med(r['coord-2rpc'], 'p50') * 1e3:.3f} ms "
+                  f"({med(r['coord-2rpc'], 'rank_cpu_per_round') * 1e3:.2f} + "
+                  f"{med(r['coord-2rpc'], 'server_cpu_per_round') * 1e3:.2f} ms) "
                   f"| {med(r['unary-1'], 'p50') * 1e3:.3f} ms "
                   f"| {med(r['unary-W'], 'p50') * 1e3:.3f} ms "
                   f"| {med(r['unary-W'], 'server_cpu_per_call') * 1e6:.0f} µs "

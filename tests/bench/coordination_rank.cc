@@ -3,8 +3,10 @@
 //   --submit: submits the benchmark's job (W ranks, --windows windows) and prints its id;
 //   --job ID: one simulated rank (tests/integration/simulated_worker.h, the real
 //     WorkerService protocol) that registers, runs every window and writes, for the windows
-//     after --skip, "send BeginWindow → hold the decision" in seconds and this process's CPU
-//     seconds over them;
+//     after --skip, the round in seconds (from holding the previous window's decision to
+//     holding this one's: BeginWindow then CompleteWindow, or with --pipeline_begin, as the
+//     real worker's default, one CompleteWindow carrying the next window's begin report) and
+//     this process's CPU seconds over them;
 //   --unary N: N plain unary calls (ListJobs) in a row, each timed: the gRPC round trip alone.
 // Results go to --out as one JSON object.
 #include <time.h>
@@ -32,6 +34,9 @@ ABSL_FLAG(int64_t, windows, 100, "--submit: windows of the job (warm-up included
 ABSL_FLAG(std::string, job, "", "run one rank of this job");
 ABSL_FLAG(std::string, name, "rank", "--job: this rank's worker name");
 ABSL_FLAG(int64_t, samples, 0, "--job: the dataset size the rank reports (world × windows)");
+ABSL_FLAG(bool, pipeline_begin, true,
+          "--job: the next window's begin report rides on each CompleteWindow (one call per "
+          "window), as the worker's --pipeline-begin does");
 ABSL_FLAG(int64_t, skip, 0, "--job, --unary: leading windows or calls left out (warm-up)");
 ABSL_FLAG(int64_t, unary, 0, "make this many ListJobs calls, each timed");
 ABSL_FLAG(std::string, out, "", "write the JSON result here (default: stdout)");
@@ -90,7 +95,8 @@ int RunRank() {
   int64_t reports = 0;
   double cpu0 = 0.0;
   absl::Time wall0;
-  // Called once before each window's BeginWindow: the timed part starts at window `skip`.
+  // Called once per window, when its begin report is made (with --pipeline_begin, while the
+  // window before completes): the timed part starts at window `skip`.
   testing::ReportFn report = [&](int64_t, int) {
     if (reports++ == skip) {
       cpu0 = CpuSeconds();
@@ -100,6 +106,7 @@ int RunRank() {
   };
   testing::SimulatedWorker w(absl::GetFlag(FLAGS_address), absl::GetFlag(FLAGS_job),
                              absl::GetFlag(FLAGS_samples), report);
+  w.set_pipeline_begin(absl::GetFlag(FLAGS_pipeline_begin));
   if (absl::Status s = w.Register(absl::GetFlag(FLAGS_name)); !s.ok()) {
     std::cerr << "Register: " << s << "\n";
     return 1;

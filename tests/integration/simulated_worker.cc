@@ -1,6 +1,8 @@
 #include "tests/integration/simulated_worker.h"
 
 #include <chrono>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -113,6 +115,18 @@ absl::Status SimulatedWorker::Evaluate(const v1::Assignment& a, int64_t update_i
   return client_.ReportEval(req).status();
 }
 
+v1::BeginWindowRequest SimulatedWorker::BeginRequest(const v1::Assignment& a, int64_t window,
+                                                     int64_t units) const {
+  v1::BeginWindowRequest begin;
+  begin.set_job_id(job_id_);
+  begin.set_worker_id(worker_id_);
+  begin.set_generation(a.generation());
+  begin.set_window_id(window);
+  begin.set_rank(a.rank());
+  begin.set_valid_units(units);
+  return begin;
+}
+
 absl::Status SimulatedWorker::Run() {
   absl::StatusOr<v1::Assignment> a = AwaitAssignment(0);
   if (!a.ok()) return a.status();
@@ -121,17 +135,20 @@ absl::Status SimulatedWorker::Run() {
     if (absl::Status s = Evaluate(*a, a->pending_eval_update_id()); !s.ok()) return s;
   }
   int64_t window = a->next_window_id();
+  // Window `window`'s begin report and answer when they came with the previous decision.
+  std::optional<SimReport> next_report;
+  std::optional<v1::BeginWindowResponse> next_answer;
   while (!crashed_) {
     const absl::Time window_start = absl::Now();
-    v1::BeginWindowRequest begin;
-    begin.set_job_id(job_id_);
-    begin.set_worker_id(worker_id_);
-    begin.set_generation(a->generation());
-    begin.set_window_id(window);
-    begin.set_rank(a->rank());
-    const SimReport rep = report_(window, a->rank());
-    begin.set_valid_units(rep.units);
-    absl::StatusOr<v1::BeginWindowResponse> b = client_.BeginWindow(begin);
+    const SimReport rep = next_report.has_value() ? *next_report : report_(window, a->rank());
+    next_report.reset();
+    absl::StatusOr<v1::BeginWindowResponse> b = absl::UnknownError("not sent");
+    if (next_answer.has_value()) {
+      b = *std::exchange(next_answer, std::nullopt);
+    } else {
+      ++plain_begins_;
+      b = client_.BeginWindow(BeginRequest(*a, window, rep.units));
+    }
     if (crashed_) break;
     v1::WindowDecision decision;
     if (!b.ok()) {
@@ -153,6 +170,11 @@ absl::Status SimulatedWorker::Run() {
       c.set_found_inf(rep.found_inf);
       c.set_micro_steps(1);
       c.set_allreduce_calls(1);
+      if (pipeline_begin_) {
+        // Whether a next window exists is the coordinator's to say: no answer comes if not.
+        next_report = report_(window + 1, a->rank());
+        *c.mutable_next() = BeginRequest(*a, window + 1, next_report->units);
+      }
       absl::StatusOr<v1::CompleteWindowResponse> d = client_.CompleteWindow(c);
       if (crashed_) break;
       if (!d.ok()) {
@@ -160,10 +182,13 @@ absl::Status SimulatedWorker::Run() {
         decision.set_outcome(v1::ABORT);
       } else {
         decision = d->decision();
+        if (d->has_next()) next_answer = d->next();
       }
     }
     if (decision.outcome() == v1::ABORT) {
       // Nothing applied; rejoin and retry from the window the new generation names.
+      next_report.reset();
+      next_answer.reset();
       a = AwaitAssignment(a->generation());
       if (!a.ok()) return a.status();
       if (absl::Status s = AckPending(*a); !s.ok()) return s;

@@ -42,6 +42,12 @@ class SimulatedWorker {
   // Runs windows until the job is done, the worker is stopped, or an error; each
   // decision seen is appended to decisions() by window id.
   absl::Status Run();
+  // Each window's CompleteWindow carries the next window's begin report (`next`), as the real
+  // worker's --pipeline-begin does: one call per window, the answer taken from the response
+  // (and BeginWindow sent on its own only when none came). Off by default. Before Run.
+  void set_pipeline_begin(bool on) { pipeline_begin_ = on; }
+  // BeginWindow calls made on their own (not riding on a CompleteWindow).
+  int64_t plain_begins() const { return plain_begins_; }
   // Simulates a crash: stops heartbeating and stops at the next call.
   void Crash() { crashed_ = true; }
   // Stops the heartbeat thread (used after Run returns).
@@ -57,6 +63,8 @@ class SimulatedWorker {
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   void HeartbeatLoop();
   v1::HeartbeatRequest HeartbeatRequest() const;
+  v1::BeginWindowRequest BeginRequest(const v1::Assignment& a, int64_t window,
+                                      int64_t units) const;
   // Rank 0 writes (here: acknowledges) a checkpoint the assignment asks for.
   absl::Status AckPending(const v1::Assignment& a);
   // Reports a held-out loss for `update_id` (spec.eval): 1 / (1 + update_id) over all ranks.
@@ -70,6 +78,8 @@ class SimulatedWorker {
   absl::Duration heartbeat_every_ = absl::Milliseconds(100);
   std::atomic<int64_t> applied_update_{0};
   std::atomic<bool> crashed_{false};
+  bool pipeline_begin_ = false;
+  std::atomic<int64_t> plain_begins_{0};
   absl::Notification stop_heartbeats_;
   std::thread heartbeats_;
   mutable absl::Mutex mu_;
