@@ -147,6 +147,12 @@ class LoopbackTest : public ::testing::Test {
     *statuses = RunAll(workers);
   }
 
+  // The body of EightRanksThousandWindows. `pipeline`: each CompleteWindow carries the next
+  // window's begin report (one call per window), as the worker's default --pipeline-begin does.
+  void RunEightRanksThousandWindows(bool pipeline);
+  // The body of CoordinatorRestartLosesNothing, `pipeline` as above.
+  void RunCoordinatorRestartLosesNothing(bool pipeline);
+
   // A WatchJob stream read to its end: its update events, then its status.
   grpc::Status Watch(const v1::WatchJobRequest& req, std::vector<v1::UpdateRecord>* updates) {
     grpc::ClientContext ctx;
@@ -169,7 +175,14 @@ class LoopbackTest : public ::testing::Test {
 // The protocol at scale: W = 8 ranks, 1,000 windows, overflow and empty windows mixed in.
 // Catches: barrier mis-counting, ids advanced on skips, the scaler updated per rank instead
 // of per window, ranks receiving different decisions, records lost or duplicated.
-TEST_F(LoopbackTest, EightRanksThousandWindows) {
+TEST_F(LoopbackTest, EightRanksThousandWindows) { RunEightRanksThousandWindows(false); }
+
+// The same with one call per window. Catches, beyond the above: a riding answer computed before
+// its decision (loss_scale after an overflow), an empty window's end lost when it is reached
+// by riding reports, and riding reports that do not save the BeginWindow calls.
+TEST_F(LoopbackTest, EightRanksThousandWindowsOneCallEach) { RunEightRanksThousandWindows(true); }
+
+void LoopbackTest::RunEightRanksThousandWindows(bool pipeline) {
   constexpr int kWorld = 8;
   constexpr int64_t kWindows = 1000;
   const std::string job =
@@ -186,6 +199,7 @@ TEST_F(LoopbackTest, EightRanksThousandWindows) {
   std::vector<std::unique_ptr<SimulatedWorker>> workers;
   for (int i = 0; i < kWorld; ++i) {
     workers.push_back(std::make_unique<SimulatedWorker>(address_, job, kWorld * kWindows, report));
+    workers.back()->set_pipeline_begin(pipeline);
     ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
   }
   for (const absl::Status& s : RunAll(workers)) EXPECT_TRUE(s.ok()) << s;
@@ -235,6 +249,13 @@ TEST_F(LoopbackTest, EightRanksThousandWindows) {
     for (size_t k = 0; k < other.size(); ++k) {
       EXPECT_EQ(other[k].SerializeAsString(), rank0[k].SerializeAsString()) << "rank " << i;
     }
+  }
+  // One BeginWindow of its own per rank without pipelining: every window's. With it: the first
+  // window's, and each window's after an empty one (which ends at its barrier, so no
+  // CompleteWindow carries its successor's report).
+  const int64_t empties_before_last = (kWindows - 1) / 250;
+  for (const std::unique_ptr<SimulatedWorker>& w : workers) {
+    EXPECT_EQ(w->plain_begins(), pipeline ? 1 + empties_before_last : kWindows);
   }
 }
 
@@ -323,7 +344,16 @@ TEST_F(LoopbackTest, WatchResumedAfterARecordSendsExactlyTheRest) {
 
 // The coordinator restarts mid-run on the same port and state dir: workers retry, the
 // journal restores every id, and no update is applied twice or lost.
-TEST_F(LoopbackTest, CoordinatorRestartLosesNothing) {
+TEST_F(LoopbackTest, CoordinatorRestartLosesNothing) { RunCoordinatorRestartLosesNothing(false); }
+
+// The same with one call per window: the restart can come between a decision and the answers
+// riding on it, which the new coordinator never counted. Catches a window that then never
+// starts (a barrier waiting for reports only the old coordinator held) or starts twice.
+TEST_F(LoopbackTest, CoordinatorRestartLosesNothingOneCallEach) {
+  RunCoordinatorRestartLosesNothing(true);
+}
+
+void LoopbackTest::RunCoordinatorRestartLosesNothing(bool pipeline) {
   constexpr int64_t kWindows = 200;
   const std::string job =
       Submit(Spec(2, 2 * kWindows, R"(,"checkpoint":{"dir":"/tmp/x","every_updates":50})"));
@@ -331,6 +361,7 @@ TEST_F(LoopbackTest, CoordinatorRestartLosesNothing) {
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<SimulatedWorker>(address_, job, 2 * kWindows,
                                                         [](int64_t, int) { return SimReport{}; }));
+    workers.back()->set_pipeline_begin(pipeline);
     ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
   }
   size_t decided_at_restart = 0;

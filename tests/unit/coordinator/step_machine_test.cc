@@ -1,6 +1,7 @@
 #include "coordinator/step_machine.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -1968,6 +1969,199 @@ TEST(StepMachineTest, ABeginSentAheadDoesNotSayTheRankAppliedTheDecision) {
   EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
   EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 1);
   EXPECT_FALSE(formed[0].rolled_back());
+}
+
+// ---------------------------------------------------------------------------------------
+// The next window's begin report riding on CompleteWindow (`next`): one call per window
+
+// Rank `rank`'s CompleteWindow of `window`, carrying its begin report of window + 1.
+v1::CompleteWindowRequest Riding(SimulatedRanks& sim, int rank, int64_t window,
+                                 int64_t next_units, const RankReport& r = {}) {
+  v1::CompleteWindowRequest req = sim.CompleteRequest(rank, window, r);
+  *req.mutable_next() = sim.BeginRequest(rank, window + 1, next_units);
+  return req;
+}
+
+// Catches: a riding report left unanswered (two calls per window again), answered with the
+// wrong N or with the ids from before the decision, answered only to the rank whose report
+// decided, or the next window still wanting a BeginWindow of its own.
+TEST(StepMachineTest, ABeginRidingOnCompleteWindowIsAnsweredWithTheDecision) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  const v1::CompleteWindowRequest r0 = Riding(sim, 0, 1, 7);
+  auto first = sim.Complete(r0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 5));
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  EXPECT_EQ(last->response.decision().outcome(), v1::COMMIT);
+  ASSERT_TRUE(last->response.has_next());
+  const v1::BeginWindowResponse& next = last->response.next();
+  EXPECT_FALSE(next.has_decision());
+  EXPECT_EQ(next.global_valid_units(), 12);
+  EXPECT_EQ(next.optimizer_update_id(), 1);  // after window 1's commit
+  EXPECT_EQ(next.scheduler_step(), 1);
+  auto polled = sim.Complete(r0);  // rank 0's waiting call, polled again
+  ASSERT_TRUE(polled.ok() && polled->ready) << polled.status();
+  EXPECT_EQ(polled->response.next().SerializeAsString(), next.SerializeAsString());
+  // Window 2 needs no BeginWindow: its barrier passed with window 1's decision.
+  RankReport seven, five;
+  seven.units = 7;
+  five.units = 5;
+  const v1::WindowDecision d2 = sim.CompleteAll(2, {seven, five});
+  EXPECT_EQ(d2.outcome(), v1::COMMIT);
+  EXPECT_EQ(d2.record().global_valid_tokens(), 12);
+}
+
+// Catches: the riding answer computed before the decision (the scale before a SKIP's backoff),
+// i.e. a window run at a stale loss scale.
+TEST(StepMachineTest, ABeginRidingOnASkippedWindowCarriesTheBackedOffScale) {
+  SimulatedRanks sim(ResolvedSpec(Fp16(1024)));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  RankReport inf;
+  inf.found_inf = true;
+  ASSERT_FALSE(sim.Complete(Riding(sim, 0, 1, 10, inf))->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 10, inf));
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  EXPECT_EQ(last->response.decision().reason(), "OVERFLOW");
+  ASSERT_TRUE(last->response.has_next());
+  EXPECT_EQ(last->response.next().loss_scale(), 512);
+  EXPECT_EQ(last->response.next().optimizer_update_id(), 0);
+}
+
+// The rank whose report decides a window learns the decision only from that call's answer;
+// its riding report must not count as the rank holding the new update.
+// Catches: the riding report counted after the decision (as a BeginWindow of the window now in
+// progress), which would make that rank the source of the next generation's state while it
+// may still hold the update before (its answer lost on the way).
+TEST(StepMachineTest, ABeginRidingOnTheDecidingReportDoesNotSayTheRankAppliedIt) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(2, 1, "5s")));
+  sim.Start(2);
+  const std::vector<std::string> ranks = sim.Ranks();
+  sim.BeginAll(1, {10, 10});
+  ASSERT_FALSE(sim.Complete(Riding(sim, 0, 1, 10))->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 10));  // rank 1's report decides window 1
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  ASSERT_EQ(last->response.decision().outcome(), v1::COMMIT);
+  // Rank 0 dies; rank 1 has not said yet that it applied update 1.
+  const size_t before = sim.records().size();
+  sim.Advance(sim.options().worker_lease / 2);
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 0).ok());
+  sim.Advance(sim.options().worker_lease / 2 + absl::Milliseconds(1));
+  sim.Tick();
+  sim.Advance(absl::Seconds(6));  // past the join grace: only what rank 1 holds is in question
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 0).ok());
+  sim.Tick();
+  EXPECT_TRUE(sim.FormedSince(before).empty()) << "seeded from a rank that may hold update 0";
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 1, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 1);
+  EXPECT_FALSE(formed[0].rolled_back());
+}
+
+// Catches: a riding report answered for a generation that ended at the window boundary (the
+// rank would run window 3 in a generation that no longer exists), or holding up the growth.
+TEST(StepMachineTest, ABeginRidingIntoAGenerationThatEndsIsNotAnswered) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.Lose({g1[1], g1[2]});
+  ASSERT_EQ(sim.Ranks().size(), 1u);
+  ASSERT_TRUE(sim.Begin(0, 2, 10)->ready);
+  sim.Start(2);  // two workers come back while window 2 is in flight
+  const size_t before = sim.records().size();
+  auto c = sim.Complete(Riding(sim, 0, 2, 10));
+  ASSERT_TRUE(c.ok() && c->ready) << c.status();
+  EXPECT_EQ(c->response.decision().outcome(), v1::COMMIT);
+  EXPECT_FALSE(c->response.has_next());
+  ASSERT_TRUE(sim.HeartbeatAs(g1[0], 2, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 3);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].assignment().next_window_id(), 3);
+}
+
+// The decision asks for an evaluation: the next barrier waits for it, so no answer rides back;
+// the BeginWindow the rank then sends on its own finds its riding report already counted.
+// Catches: a riding answer that skips the evaluation, or the report counted twice (N doubled)
+// or refused as a different report when sent again.
+TEST(StepMachineTest, ABeginRidingPastAnEvaluationIsAnsweredAfterIt) {
+  SimulatedRanks sim(ResolvedSpec(WithEval(1)));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  ASSERT_FALSE(sim.Complete(Riding(sim, 0, 1, 6))->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 4));
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  EXPECT_TRUE(last->response.decision().run_eval());
+  EXPECT_FALSE(last->response.has_next());
+  auto early = sim.Begin(0, 2, 6);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_FALSE(early->ready);  // held until the evaluation ends
+  ASSERT_TRUE(sim.Eval(0, 1, 1.0, 5).ok());
+  ASSERT_TRUE(sim.Eval(1, 1, 1.0, 5).ok());
+  for (int rank : {0, 1}) {
+    auto b = sim.Begin(rank, 2, rank == 0 ? 6 : 4);
+    ASSERT_TRUE(b.ok() && b->ready) << b.status();
+    EXPECT_EQ(b->response.global_valid_units(), 10);
+  }
+}
+
+// Catches: an answer riding back after the job's last window (the worker would start a window
+// that does not exist).
+TEST(StepMachineTest, ABeginRidingOnTheLastWindowIsNotAnswered) {
+  SpecOptions o;
+  o.max_updates = 1;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  ASSERT_FALSE(sim.Complete(Riding(sim, 0, 1, 10))->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 10));
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  EXPECT_TRUE(last->response.decision().job_done());
+  EXPECT_FALSE(last->response.has_next());
+}
+
+// A CompleteWindow sent again (the client re-sends while it waits) with or without its riding
+// report is the same report. A riding report that is not this rank's next window is refused,
+// naming the field, and changes nothing.
+// Catches: a re-send refused as "two different reports", or a riding report for another rank,
+// generation or window counted (N from the wrong ranks).
+TEST(StepMachineTest, ARidingBeginIsTheSameRanksNextWindowAndRepeatsAreOneReport) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  const v1::CompleteWindowRequest good = Riding(sim, 0, 1, 10);
+  struct Bad {
+    const char* field;
+    std::function<void(v1::BeginWindowRequest*)> damage;
+  };
+  const std::vector<Bad> bad = {
+      {"next.window_id", [](v1::BeginWindowRequest* n) { n->set_window_id(3); }},
+      {"next.rank", [](v1::BeginWindowRequest* n) { n->set_rank(1); }},
+      {"next.generation", [](v1::BeginWindowRequest* n) { n->set_generation(2); }},
+      {"next.worker_id", [](v1::BeginWindowRequest* n) { n->set_worker_id("w-other"); }},
+      {"next.job_id", [](v1::BeginWindowRequest* n) { n->set_job_id("job-other"); }},
+      {"next.valid_units", [](v1::BeginWindowRequest* n) { n->set_valid_units(-1); }},
+  };
+  for (const Bad& b : bad) {
+    v1::CompleteWindowRequest req = good;
+    b.damage(req.mutable_next());
+    auto a = sim.Complete(req);
+    EXPECT_EQ(CodeOf(a), absl::StatusCode::kInvalidArgument) << b.field;
+    EXPECT_THAT(MessageOf(a), HasSubstr(b.field));
+  }
+  ASSERT_FALSE(sim.Complete(good)->ready);
+  v1::CompleteWindowRequest plain = good;
+  plain.clear_next();
+  auto again = sim.Complete(plain);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->ready);
+  auto last = sim.Complete(Riding(sim, 1, 1, 10));
+  ASSERT_TRUE(last.ok() && last->ready) << last.status();
+  ASSERT_TRUE(last->response.has_next());
+  EXPECT_EQ(last->response.next().global_valid_units(), 20);  // rank 0's counted once
 }
 
 // A generation whose only state holder dies before it seeded the newcomer: the newcomer holds
