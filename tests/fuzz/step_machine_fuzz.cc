@@ -1,6 +1,6 @@
 // Fuzzes the coordinator's step machine (coordinator/step_machine.h) with a sequence of worker
-// calls parsed from the input (Register, Heartbeat, BeginWindow, CompleteWindow, AckCheckpoint,
-// ReportFailure, Tick, Cancel) against a small job the input also picks. Fields are steered
+// calls parsed from the input (Register, Heartbeat, BeginWindow, CompleteWindow with or without
+// the next window's begin report riding on it, AckCheckpoint, ReportFailure, Tick, Cancel) against a small job the input also picks. Fields are steered
 // near the machine's current state (generation, window, rank) so that the protocol is actually
 // followed, and sometimes taken raw. After every call it checks:
 //   * the ids never decrease, except all together through a journaled rollback, and the
@@ -208,7 +208,19 @@ class Harness {
         req.set_rank(Rank(req.worker_id()));
         req.set_loss_sum(ChooseNumber(kUnits * 2.5));
         req.set_valid_units(Choose<int64_t>(kUnits, -10, 10));
-        req.set_found_inf(in_.Byte() == 1);
+        // One byte: 1 = overflow; 2 and 3 also carry the next window's begin report (`next`),
+        // 3 for a window it cannot be (refused). Read as before, so old inputs keep meaning.
+        const uint8_t flags = in_.Byte();
+        req.set_found_inf(flags == 1);
+        if (flags == 2 || flags == 3) {
+          v1::BeginWindowRequest* next = req.mutable_next();
+          next->set_job_id(req.job_id());
+          next->set_worker_id(req.worker_id());
+          next->set_generation(req.generation());
+          next->set_window_id(req.window_id() + (flags == 2 ? 1 : 2));
+          next->set_rank(req.rank());
+          next->set_valid_units(kUnits);
+        }
         req.set_grad_norm(ChooseNumber(0.5));
         const int64_t accumulation = machine_->Job().spec().batch().accumulation_steps();
         req.set_micro_steps(Choose<int64_t>(accumulation, -1, 1));
