@@ -48,8 +48,8 @@ absl::Status ValidateNextBegin(const v1::CompleteWindowRequest& req) {
   if (absl::Status s = ValidateWindowCoordinates(kNext, next); !s.ok()) return s;
   const auto differs = [&](absl::string_view field, const std::string& got,
                            const std::string& want) {
-    return absl::InvalidArgumentError(absl::StrCat(kNext, ".", field, " must be ", want,
-                                                   " (the report it rides on), got ", got));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kNext, ".", field, " must be ", want, " (the report it rides on), got ", got));
   };
   if (next.job_id() != req.job_id()) return differs("job_id", next.job_id(), req.job_id());
   if (next.worker_id() != req.worker_id()) {

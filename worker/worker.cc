@@ -326,8 +326,7 @@ bool Worker::PipelinesAfter(int64_t window_id, const v1::BeginWindowResponse& b)
   return !(eval_every > 0 && update_after % eval_every == 0);
 }
 
-std::optional<Worker::NextBegin> Worker::TakeNextBegin(const v1::Assignment& a,
-                                                       int64_t window_id) {
+std::optional<Worker::NextBegin> Worker::TakeNextBegin(const v1::Assignment& a, int64_t window_id) {
   std::optional<NextBegin> next = std::exchange(next_begin_, std::nullopt);
   if (!next.has_value()) return std::nullopt;
   const v1::BeginWindowRequest& r = next->request;

@@ -1,8 +1,9 @@
 // Fuzzes the coordinator's step machine (coordinator/step_machine.h) with a sequence of worker
 // calls parsed from the input (Register, Heartbeat, BeginWindow, CompleteWindow with or without
-// the next window's begin report riding on it, AckCheckpoint, ReportFailure, Tick, Cancel) against a small job the input also picks. Fields are steered
-// near the machine's current state (generation, window, rank) so that the protocol is actually
-// followed, and sometimes taken raw. After every call it checks:
+// the next window's begin report riding on it, AckCheckpoint, ReportFailure, Tick, Cancel) against
+// a small job the input also picks. Fields are steered near the machine's current state
+// (generation, window, rank) so that the protocol is actually followed, and sometimes taken raw.
+// After every call it checks:
 //   * the ids never decrease, except all together through a journaled rollback, and the
 //     generation never decreases at all;
 //   * optimizer_update_id and scheduler_step never exceed window_id;

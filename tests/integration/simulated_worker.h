@@ -63,8 +63,7 @@ class SimulatedWorker {
   absl::StatusOr<v1::Assignment> AwaitAssignment(int64_t after_generation);
   void HeartbeatLoop();
   v1::HeartbeatRequest HeartbeatRequest() const;
-  v1::BeginWindowRequest BeginRequest(const v1::Assignment& a, int64_t window,
-                                      int64_t units) const;
+  v1::BeginWindowRequest BeginRequest(const v1::Assignment& a, int64_t window, int64_t units) const;
   // Rank 0 writes (here: acknowledges) a checkpoint the assignment asks for.
   absl::Status AckPending(const v1::Assignment& a);
   // Reports a held-out loss for `update_id` (spec.eval): 1 / (1 + update_id) over all ranks.

@@ -1907,16 +1907,24 @@ TEST(StepMachineTest, GrowsBackToCountAtAWindowBoundary) {
   EXPECT_EQ(sim.Ranks().size(), 3u);
 }
 
+// Three ranks; two are lost after window 1, and the one left begins window 2 alone (its
+// barrier passes). Returns the first generation's worker ids.
+std::vector<std::string> ShrunkToOneInWindow2(SimulatedRanks& sim) {
+  const std::vector<std::string> g1 = sim.Start(3);
+  sim.RunWindow();
+  sim.Lose({g1[1], g1[2]});
+  EXPECT_EQ(sim.Ranks().size(), 1u);
+  auto begun = sim.Begin(0, 2, 10);
+  EXPECT_TRUE(begun.ok() && begun->ready) << begun.status();
+  return g1;
+}
+
 // Catches: growth held up for ever by pipelining. Every rank sends the next window's
 // BeginWindow ahead, so that window always has begin reports when a window ends; they must not
 // stop the generation from growing at the boundary (their calls are answered ABORTED).
 TEST(StepMachineTest, GrowsAtAWindowBoundaryThoughTheNextWindowWasBegunAhead) {
   SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
-  const std::vector<std::string> g1 = sim.Start(3);
-  sim.RunWindow();
-  sim.Lose({g1[1], g1[2]});
-  ASSERT_EQ(sim.Ranks().size(), 1u);
-  ASSERT_TRUE(sim.Begin(0, 2, 10)->ready);
+  const std::vector<std::string> g1 = ShrunkToOneInWindow2(sim);
   const v1::BeginWindowRequest ahead = sim.BeginRequest(0, 3, 10);  // sent during window 2
   auto held = sim.Begin(ahead);
   ASSERT_TRUE(held.ok()) << held.status();
@@ -1936,6 +1944,19 @@ TEST(StepMachineTest, GrowsAtAWindowBoundaryThoughTheNextWindowWasBegunAhead) {
   EXPECT_EQ(sim.RunWindow().record().world_size(), 3);
 }
 
+// The other rank of two stops heartbeating: its lease expires while `survivor` heartbeats,
+// saying it holds update 0, until past a 5 s join grace, so that only what the survivor holds
+// decides whether a generation can form.
+void OutliveTheOtherRank(SimulatedRanks& sim, const std::string& survivor) {
+  sim.Advance(sim.options().worker_lease / 2);
+  ASSERT_TRUE(sim.HeartbeatAs(survivor, 0).ok());
+  sim.Advance(sim.options().worker_lease / 2 + absl::Milliseconds(1));
+  sim.Tick();
+  sim.Advance(absl::Seconds(6));
+  ASSERT_TRUE(sim.HeartbeatAs(survivor, 0).ok());
+  sim.Tick();
+}
+
 // A begin report sent ahead (pipelined) and polled again once the window before it is
 // decided says nothing about whether that rank applied the decision: its answer may still be
 // on the way. The rank counts as holding the update only once it says so.
@@ -1952,13 +1973,7 @@ TEST(StepMachineTest, ABeginSentAheadDoesNotSayTheRankAppliedTheDecision) {
   ASSERT_TRUE(polled.ok() && polled->ready) << polled.status();
   // Rank 1 dies; rank 0 has not said yet that it applied update 1.
   const size_t before = sim.records().size();
-  sim.Advance(sim.options().worker_lease / 2);
-  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 0).ok());
-  sim.Advance(sim.options().worker_lease / 2 + absl::Milliseconds(1));
-  sim.Tick();
-  sim.Advance(absl::Seconds(6));  // past the join grace: only what rank 0 holds is in question
-  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 0).ok());
-  sim.Tick();
+  OutliveTheOtherRank(sim, ranks[0]);
   for (const v1::WorkerInfo& w : sim.machine().Workers()) {
     if (w.worker_id() == ranks[1]) ASSERT_EQ(w.state(), v1::LOST);
   }
@@ -1975,8 +1990,8 @@ TEST(StepMachineTest, ABeginSentAheadDoesNotSayTheRankAppliedTheDecision) {
 // The next window's begin report riding on CompleteWindow (`next`): one call per window
 
 // Rank `rank`'s CompleteWindow of `window`, carrying its begin report of window + 1.
-v1::CompleteWindowRequest Riding(SimulatedRanks& sim, int rank, int64_t window,
-                                 int64_t next_units, const RankReport& r = {}) {
+v1::CompleteWindowRequest Riding(SimulatedRanks& sim, int rank, int64_t window, int64_t next_units,
+                                 const RankReport& r = {}) {
   v1::CompleteWindowRequest req = sim.CompleteRequest(rank, window, r);
   *req.mutable_next() = sim.BeginRequest(rank, window + 1, next_units);
   return req;
@@ -2047,13 +2062,7 @@ TEST(StepMachineTest, ABeginRidingOnTheDecidingReportDoesNotSayTheRankAppliedIt)
   ASSERT_EQ(last->response.decision().outcome(), v1::COMMIT);
   // Rank 0 dies; rank 1 has not said yet that it applied update 1.
   const size_t before = sim.records().size();
-  sim.Advance(sim.options().worker_lease / 2);
-  ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 0).ok());
-  sim.Advance(sim.options().worker_lease / 2 + absl::Milliseconds(1));
-  sim.Tick();
-  sim.Advance(absl::Seconds(6));  // past the join grace: only what rank 1 holds is in question
-  ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 0).ok());
-  sim.Tick();
+  OutliveTheOtherRank(sim, ranks[1]);
   EXPECT_TRUE(sim.FormedSince(before).empty()) << "seeded from a rank that may hold update 0";
   ASSERT_TRUE(sim.HeartbeatAs(ranks[1], 1, /*idle_after=*/sim.generation()).ok());
   const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
@@ -2066,11 +2075,7 @@ TEST(StepMachineTest, ABeginRidingOnTheDecidingReportDoesNotSayTheRankAppliedIt)
 // rank would run window 3 in a generation that no longer exists), or holding up the growth.
 TEST(StepMachineTest, ABeginRidingIntoAGenerationThatEndsIsNotAnswered) {
   SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
-  const std::vector<std::string> g1 = sim.Start(3);
-  sim.RunWindow();
-  sim.Lose({g1[1], g1[2]});
-  ASSERT_EQ(sim.Ranks().size(), 1u);
-  ASSERT_TRUE(sim.Begin(0, 2, 10)->ready);
+  const std::vector<std::string> g1 = ShrunkToOneInWindow2(sim);
   sim.Start(2);  // two workers come back while window 2 is in flight
   const size_t before = sim.records().size();
   auto c = sim.Complete(Riding(sim, 0, 2, 10));

@@ -271,10 +271,10 @@ class FakeCoordinator : public WorkerRpc {
       r.set_optimizer_update_id(update_);
       answer = r;
     }
-    events_.push_back(absl::StrCat(
-        "answer ", req.generation(), ".", req.window_id(), " ",
-        answer.ok() ? absl::StrCat(answer->loss_scale())
-                    : std::string(absl::StatusCodeToString(answer.status().code()))));
+    events_.push_back(
+        absl::StrCat("answer ", req.generation(), ".", req.window_id(), " ",
+                     answer.ok() ? absl::StrCat(answer->loss_scale())
+                                 : std::string(absl::StatusCodeToString(answer.status().code()))));
     return answer;
   }
 
@@ -580,10 +580,10 @@ TEST_F(WorkerTest, PipelinedBeginRidesOnCompleteWindowAndItsAnswerIsUsed) {
 }
 
 // A SKIP backs the loss scale off; the next window's BeginWindow rode on the skipped window's
-// CompleteWindow, and was answered after that decision with the backed-off scale. The scale a window ran with
-// shows in its report: with a loss scaler, grad_norm_scaled = S · grad_norm (S a power of 2).
-// Catches: window w+1 running with an answer computed before w's decision (the scale before
-// the backoff), e.g. w's own answer reused, or a pipelined answer taken too early.
+// CompleteWindow, and was answered after that decision with the backed-off scale. The scale a
+// window ran with shows in its report: with a loss scaler, grad_norm_scaled = S · grad_norm (S a
+// power of 2). Catches: window w+1 running with an answer computed before w's decision (the scale
+// before the backoff), e.g. w's own answer reused, or a pipelined answer taken too early.
 TEST_F(WorkerTest, AfterASkipTheNextWindowRunsWithTheScaleThatFollowedIt) {
   coordinator_.SetSpec(TinyJob(R"(,"loss_scaler":{"enabled":true,"init_scale":1024})"));
   coordinator_.SetLossScale(1024);
