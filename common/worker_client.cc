@@ -135,11 +135,6 @@ void CallCanceller::Cancel() {
   if (cancel_) cancel_();
 }
 
-bool CallCanceller::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
-
 bool CallCanceller::Enter(std::function<void()> cancel) {
   absl::MutexLock lock(&mu_);
   if (cancelled_) return false;

@@ -50,7 +50,6 @@ struct WorkerClientOptions {
 class CallCanceller {
  public:
   void Cancel();
-  bool cancelled() const;
   // For the client running the call: `cancel` ends it from another thread. False when
   // already cancelled: do not start.
   bool Enter(std::function<void()> cancel);

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace trainstep {
@@ -27,6 +30,19 @@ void FaultHooks::InEval(int64_t update_id) const {
   if (options_.exit_in_eval_update != update_id) return;
   LogWarning(absl::StrCat("--debug-exit-in-eval: exiting in the evaluation of update ", update_id));
   _exit(3);
+}
+
+void FaultHooks::BeforeWindow(int64_t window_id) const {
+  if (options_.hold_file.empty()) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(options_.hold_file, ec)) return;
+  LogInfo(absl::StrCat("--debug-hold-file: holding window ", window_id, " while ",
+                       options_.hold_file, " exists"));
+  const absl::Time give_up = absl::Now() + kMaxHold;
+  while (std::filesystem::exists(options_.hold_file, ec) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  LogInfo(absl::StrCat("--debug-hold-file: window ", window_id, " goes on"));
 }
 
 }  // namespace trainstep

@@ -1,12 +1,15 @@
 // Faults injected into a running worker to test the protocol: spec.debug's non-finite
-// gradients, and the --debug-* flags (a desynced replica, an exit during evaluation). One small
-// interface, called at three named points, so the window's code reads as training and every
-// injection lives here. A worker without faults runs the same calls, which do nothing.
+// gradients, and the --debug-* flags (a desynced replica, an exit during evaluation, a held
+// window). One small interface, called at four named points, so the window's code reads as
+// training and every injection lives here. A worker without faults runs the same calls, which do
+// nothing.
 #ifndef TRAINSTEP_WORKER_FAULT_HOOKS_H_
 #define TRAINSTEP_WORKER_FAULT_HOOKS_H_
 
 #include <cstdint>
+#include <string>
 
+#include "absl/time/time.h"
 #include "trainstep/v1/spec.pb.h"
 #include "worker/replica.h"
 
@@ -17,6 +20,9 @@ struct FaultOptions {
   int64_t perturb_grad_window = 0;
   // Test-only: this worker exits (code 3) in the evaluation of this update, before reporting.
   int64_t exit_in_eval_update = 0;
+  // Test-only: before each window, this worker waits while this file exists (at most
+  // kMaxHold), its heartbeats going on: a test holds training while it arranges a fault.
+  std::string hold_file;
 };
 
 class FaultHooks {
@@ -35,6 +41,10 @@ class FaultHooks {
   void AfterAllReduce(int64_t window_id, double loss_scale, Replica& replica) const;
   // In the evaluation of `update_id`, before reporting it: --debug-exit-in-eval exits (code 3).
   void InEval(int64_t update_id) const;
+  // Before window `window_id` starts: --debug-hold-file waits while its file exists. Bounded,
+  // so a test that forgets the file slows a job down instead of hanging it.
+  static constexpr absl::Duration kMaxHold = absl::Seconds(60);
+  void BeforeWindow(int64_t window_id) const;
 
  private:
   v1::Debug debug_;

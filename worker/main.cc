@@ -68,6 +68,9 @@ ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
 ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
           "TEST ONLY: exit (code 3) during the evaluation of that update, after computing the "
           "held-out loss and before reporting it: a rank lost during an evaluation");
+ABSL_FLAG(std::string, debug_hold_file, "",
+          "TEST ONLY: before each window, wait while this file exists (at most 60 s; heartbeats "
+          "go on): a test holds training while it arranges a fault");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,
@@ -191,6 +194,7 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
   ASSIGN_OR_RETURN(options.allowed_roots, AllowedRootsFromFlags());
   options.faults.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   options.faults.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
+  options.faults.hold_file = absl::GetFlag(FLAGS_debug_hold_file);
   options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));

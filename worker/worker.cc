@@ -590,6 +590,7 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
                                     a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
   }
   for (int64_t window = a.next_window_id();; ++window) {
+    faults_->BeforeWindow(window);
     absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
     if (!d.ok()) {
       replica_->ZeroGrad();

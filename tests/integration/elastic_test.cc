@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <string>
@@ -64,20 +65,37 @@ class ElasticTest : public testing::ClusterTest {
     return false;
   }
 
+  static bool IsTerminal(const v1::Job& j) {
+    return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+  }
+
+  // Whether a worker of the job is READY: registered, its data loaded, waiting for a generation.
+  bool HasReadyWorker(const std::string& job_id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListWorkersRequest req;
+    req.set_job_id(job_id);
+    v1::ListWorkersResponse resp;
+    if (!cluster_->jobs()->ListWorkers(&ctx, req, &resp).ok()) return false;
+    return std::any_of(resp.workers().begin(), resp.workers().end(),
+                       [](const v1::WorkerInfo& w) { return w.state() == v1::READY; });
+  }
+
   struct Started {
     std::string job_id;
     std::vector<pid_t> pids;
   };
   // Submits the job with `workers`, starts three workers and waits until all three have
   // trained together and `updates` updates are committed (a start may first have shrunk: a
-  // worker later than the grace).
-  Started StartFullWorld(const std::string& ckpt, const std::string& workers, int64_t updates) {
+  // worker later than the grace). `worker_flags` go to the three workers.
+  Started StartFullWorld(const std::string& ckpt, const std::string& workers, int64_t updates,
+                         const std::vector<std::string>& worker_flags = {}) {
     Started s;
     absl::StatusOr<std::string> id = cluster_->Submit(Spec(ckpt, workers));
     EXPECT_TRUE(id.ok()) << id.status();
     if (!id.ok()) return s;
     s.job_id = *id;
-    for (int i = 0; i < 3; ++i) s.pids.push_back(*cluster_->StartWorker(*id));
+    for (int i = 0; i < 3; ++i) s.pids.push_back(*cluster_->StartWorker(*id, worker_flags));
     // Not just formed: a generation of three that committed updates, so that every rank holds
     // the current update (a generation killed while its newcomers receive the state rightly
     // rolls back: seen when this waited only for the world size).
@@ -214,16 +232,35 @@ TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
 // Catches a replacement that arrives just after the grace ran out being left out: the job
 // shrinks, then takes it at the next window boundary.
 TEST_F(ElasticTest, GraceThatExpiresWhileAReplacementStarts) {
+  // Room between the first commit at world size 2 and the job's end for the test to set the
+  // hold below (seconds at two ranks, not a fraction of one).
+  updates_ = 1000;
   const ckpt::TensorMap reference = Reference();
   const std::string ckpt = dir_ + "/ckpt-elastic";
-  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"0.1s"})", 30);
+  // The two left train far faster than a worker process starts (LibTorch's load alone takes
+  // seconds on a loaded machine): they could finish the job before the replacement registers.
+  // So, once they have committed at world size 2, the test holds them before their next window
+  // until the replacement is READY; their heartbeats go on meanwhile.
+  const std::string hold = dir_ + "/hold";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"0.1s"})", 30,
+                                         {absl::StrCat("--debug_hold_file=", hold)});
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string* id = &started.job_id;
   const std::vector<pid_t>& pids = started.pids;
   cluster_->Kill(pids[2]);
-  // The replacement starts at once, but a worker process needs far more than 0.1 s to load
-  // LibTorch, register and read its data: the grace runs out first.
+  const auto committed_at_two = [&](const v1::Job&) {
+    const std::vector<int> sizes = WorldSizes(*id);
+    return !sizes.empty() && sizes.back() == 2;
+  };
+  ASSERT_TRUE(WaitUntil(*id, committed_at_two, absl::Seconds(60))) << cluster_->Logs();
+  std::ofstream(hold) << "held by the test\n";
   ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  ASSERT_TRUE(WaitUntil(
+      *id, [&](const v1::Job& j) { return HasReadyWorker(*id) || IsTerminal(j); },
+      absl::Seconds(120)))
+      << cluster_->Logs();
+  ASSERT_FALSE(IsTerminal(Get(*id))) << "the job ended before the replacement was READY";
+  std::filesystem::remove(hold);
   absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
   ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
   // The start may have shrunk too (a worker later than 0.1 s); what follows the kill is 2, 3.

@@ -4,7 +4,14 @@
 #include "worker/fault_hooks.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/time/clock.h"
 #include "common/spec.h"
 
 namespace trainstep {
@@ -73,6 +80,28 @@ TEST(FaultHooksTest, ExitOnlyInItsUpdate) {
   const FaultHooks hooks(v1::Debug(), options);
   hooks.InEval(6);  // returns
   EXPECT_EXIT(hooks.InEval(7), testing::ExitedWithCode(3), "exiting in the evaluation of update 7");
+}
+
+// Catches: a held window that starts while the file exists (the elastic test that uses it would
+// race the job's end again), or one held when no file is named or it is gone.
+TEST(FaultHooksTest, HoldsTheWindowWhileItsFileExists) {
+  FaultHooks(v1::Debug(), FaultOptions()).BeforeWindow(1);  // no file named: returns
+  FaultOptions options;
+  options.hold_file = ::testing::TempDir() + "/trainstep-hold-" + std::to_string(getpid());
+  std::filesystem::remove(options.hold_file);
+  const FaultHooks hooks(v1::Debug(), options);
+  hooks.BeforeWindow(1);  // no such file: returns
+  std::ofstream(options.hold_file) << "hold\n";
+  const absl::Time start = absl::Now();
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::filesystem::remove(options.hold_file);
+  });
+  hooks.BeforeWindow(2);
+  const absl::Duration held = absl::Now() - start;
+  release.join();
+  EXPECT_GE(held, absl::Milliseconds(300));
+  EXPECT_LT(held, FaultHooks::kMaxHold);
 }
 
 }  // namespace
