@@ -69,16 +69,26 @@ class ElasticTest : public testing::ClusterTest {
     return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
   }
 
-  // Whether a worker of the job is READY: registered, its data loaded, waiting for a generation.
-  bool HasReadyWorker(const std::string& job_id) {
+  // How many workers of the job are READY: registered, their data loaded, waiting for a
+  // generation to take them.
+  int ReadyWorkers(const std::string& job_id) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ListWorkersRequest req;
     req.set_job_id(job_id);
     v1::ListWorkersResponse resp;
-    if (!cluster_->jobs()->ListWorkers(&ctx, req, &resp).ok()) return false;
-    return std::any_of(resp.workers().begin(), resp.workers().end(),
-                       [](const v1::WorkerInfo& w) { return w.state() == v1::READY; });
+    if (!cluster_->jobs()->ListWorkers(&ctx, req, &resp).ok()) return 0;
+    return static_cast<int>(
+        std::count_if(resp.workers().begin(), resp.workers().end(),
+                      [](const v1::WorkerInfo& w) { return w.state() == v1::READY; }));
+  }
+
+  // A WaitUntil predicate: the job's latest committed update was made at world size `size`.
+  auto CommittedAt(const std::string& job_id, int size) {
+    return [this, job_id, size](const v1::Job&) {
+      const std::vector<int> sizes = WorldSizes(job_id);
+      return !sizes.empty() && sizes.back() == size;
+    };
   }
 
   struct Started {
@@ -202,21 +212,30 @@ TEST_F(ElasticTest, WorkerKilledForGoodFinishesWithFewerAndTheSameWeights) {
 // Catches a world that can shrink but never grows back (or grows past workers.count): two of
 // three are killed, one rank trains alone, then three new workers come — two are taken.
 TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
-  // One rank alone runs hundreds of updates a second; the returning workers need a few
-  // seconds to start on a loaded machine, and must find the job still running.
+  // One rank alone runs hundreds of updates a second; the returning workers need seconds to
+  // start on a loaded machine. So once it has committed alone, the test holds it before its
+  // next window until two newcomers are READY (heartbeats go on); the updates left give the
+  // test room to set the hold.
   updates_ = 1500;
   const ckpt::TensorMap reference = Reference();
   const std::string ckpt = dir_ + "/ckpt-elastic";
-  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":1,"join_grace":"0.2s"})", 20);
+  const std::string hold = dir_ + "/hold";
+  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":1,"join_grace":"0.2s"})", 20,
+                                         {absl::StrCat("--debug_hold_file=", hold)});
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string* id = &started.job_id;
   const std::vector<pid_t>& pids = started.pids;
   cluster_->Kill(pids[0]);
   cluster_->Kill(pids[2]);
-  ASSERT_TRUE(WaitUntil(
-      *id, [&](const v1::Job& j) { return j.progress().world_size() == 1; }, absl::Seconds(60)))
-      << cluster_->Logs();
+  ASSERT_TRUE(WaitUntil(*id, CommittedAt(*id, 1), absl::Seconds(60))) << cluster_->Logs();
+  std::ofstream(hold) << "held by the test\n";
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  ASSERT_TRUE(WaitUntil(
+      *id, [&](const v1::Job& j) { return ReadyWorkers(*id) >= 2 || IsTerminal(j); },
+      absl::Seconds(120)))
+      << cluster_->Logs();
+  ASSERT_FALSE(IsTerminal(Get(*id))) << "the job ended before the newcomers were READY";
+  std::filesystem::remove(hold);
   absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
   ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
   const std::vector<int> sizes = WorldSizes(*id);
@@ -248,15 +267,11 @@ TEST_F(ElasticTest, GraceThatExpiresWhileAReplacementStarts) {
   const std::string* id = &started.job_id;
   const std::vector<pid_t>& pids = started.pids;
   cluster_->Kill(pids[2]);
-  const auto committed_at_two = [&](const v1::Job&) {
-    const std::vector<int> sizes = WorldSizes(*id);
-    return !sizes.empty() && sizes.back() == 2;
-  };
-  ASSERT_TRUE(WaitUntil(*id, committed_at_two, absl::Seconds(60))) << cluster_->Logs();
+  ASSERT_TRUE(WaitUntil(*id, CommittedAt(*id, 2), absl::Seconds(60))) << cluster_->Logs();
   std::ofstream(hold) << "held by the test\n";
   ASSERT_TRUE(cluster_->StartWorker(*id).ok());
   ASSERT_TRUE(WaitUntil(
-      *id, [&](const v1::Job& j) { return HasReadyWorker(*id) || IsTerminal(j); },
+      *id, [&](const v1::Job& j) { return ReadyWorkers(*id) >= 1 || IsTerminal(j); },
       absl::Seconds(120)))
       << cluster_->Logs();
   ASSERT_FALSE(IsTerminal(Get(*id))) << "the job ended before the replacement was READY";
