@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_state.h"
 #include "tests/integration/cluster_test.h"
 #include "tests/integration/process_cluster.h"
 #include "worker/checkpoint/checkpoint_dir.h"
@@ -65,10 +66,6 @@ class ElasticTest : public testing::ClusterTest {
     return false;
   }
 
-  static bool IsTerminal(const v1::Job& j) {
-    return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
-  }
-
   // How many workers of the job are READY: registered, their data loaded, waiting for a
   // generation to take them.
   int ReadyWorkers(const std::string& job_id) {
@@ -83,12 +80,31 @@ class ElasticTest : public testing::ClusterTest {
                       [](const v1::WorkerInfo& w) { return w.state() == v1::READY; }));
   }
 
-  // A WaitUntil predicate: the job's latest committed update was made at world size `size`.
-  auto CommittedAt(const std::string& job_id, int size) {
-    return [this, job_id, size](const v1::Job&) {
+  // While this file exists, workers started with HoldFlag() wait before their next window.
+  std::string HoldFile() const { return dir_ + "/hold"; }
+  std::string HoldFlag() const { return absl::StrCat("--debug_hold_file=", HoldFile()); }
+
+  // Rank processes train far faster than a worker process starts (LibTorch's load alone takes
+  // seconds on a loaded machine), so newcomers could find the job over. With the job's ranks
+  // started with HoldFlag(): once its latest commit was made at world size `size`, holds them
+  // before their next window (their heartbeats go on), starts `newcomers` workers, and lets the
+  // ranks go on once `ready` of them are READY. Fails if the job ended first.
+  void StartNewcomersWhileHeld(const std::string& job_id, int size, int newcomers, int ready) {
+    const auto committed_at_size = [&](const v1::Job&) {
       const std::vector<int> sizes = WorldSizes(job_id);
       return !sizes.empty() && sizes.back() == size;
     };
+    ASSERT_TRUE(WaitUntil(job_id, committed_at_size, absl::Seconds(60))) << cluster_->Logs();
+    std::ofstream(HoldFile()) << "held by the test\n";
+    for (int i = 0; i < newcomers; ++i) ASSERT_TRUE(cluster_->StartWorker(job_id).ok());
+    ASSERT_TRUE(WaitUntil(
+        job_id,
+        [&](const v1::Job& j) { return ReadyWorkers(job_id) >= ready || IsTerminal(j.state()); },
+        absl::Seconds(120)))
+        << cluster_->Logs();
+    ASSERT_FALSE(IsTerminal(Get(job_id).state()))
+        << "the job ended before the newcomers were READY";
+    std::filesystem::remove(HoldFile());
   }
 
   struct Started {
@@ -212,30 +228,19 @@ TEST_F(ElasticTest, WorkerKilledForGoodFinishesWithFewerAndTheSameWeights) {
 // Catches a world that can shrink but never grows back (or grows past workers.count): two of
 // three are killed, one rank trains alone, then three new workers come — two are taken.
 TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
-  // One rank alone runs hundreds of updates a second; the returning workers need seconds to
-  // start on a loaded machine. So once it has committed alone, the test holds it before its
-  // next window until two newcomers are READY (heartbeats go on); the updates left give the
-  // test room to set the hold.
+  // The updates left after the lone rank's first commit give the test room to set the hold.
   updates_ = 1500;
   const ckpt::TensorMap reference = Reference();
   const std::string ckpt = dir_ + "/ckpt-elastic";
-  const std::string hold = dir_ + "/hold";
-  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":1,"join_grace":"0.2s"})", 20,
-                                         {absl::StrCat("--debug_hold_file=", hold)});
+  const Started started =
+      StartFullWorld(ckpt, R"({"count":3,"min":1,"join_grace":"0.2s"})", 20, {HoldFlag()});
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string* id = &started.job_id;
   const std::vector<pid_t>& pids = started.pids;
   cluster_->Kill(pids[0]);
   cluster_->Kill(pids[2]);
-  ASSERT_TRUE(WaitUntil(*id, CommittedAt(*id, 1), absl::Seconds(60))) << cluster_->Logs();
-  std::ofstream(hold) << "held by the test\n";
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster_->StartWorker(*id).ok());
-  ASSERT_TRUE(WaitUntil(
-      *id, [&](const v1::Job& j) { return ReadyWorkers(*id) >= 2 || IsTerminal(j); },
-      absl::Seconds(120)))
-      << cluster_->Logs();
-  ASSERT_FALSE(IsTerminal(Get(*id))) << "the job ended before the newcomers were READY";
-  std::filesystem::remove(hold);
+  StartNewcomersWhileHeld(*id, /*size=*/1, /*newcomers=*/3, /*ready=*/2);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
   ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
   const std::vector<int> sizes = WorldSizes(*id);
@@ -252,30 +257,18 @@ TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
 // shrinks, then takes it at the next window boundary.
 TEST_F(ElasticTest, GraceThatExpiresWhileAReplacementStarts) {
   // Room between the first commit at world size 2 and the job's end for the test to set the
-  // hold below (seconds at two ranks, not a fraction of one).
+  // hold (seconds at two ranks, not a fraction of one).
   updates_ = 1000;
   const ckpt::TensorMap reference = Reference();
   const std::string ckpt = dir_ + "/ckpt-elastic";
-  // The two left train far faster than a worker process starts (LibTorch's load alone takes
-  // seconds on a loaded machine): they could finish the job before the replacement registers.
-  // So, once they have committed at world size 2, the test holds them before their next window
-  // until the replacement is READY; their heartbeats go on meanwhile.
-  const std::string hold = dir_ + "/hold";
-  const Started started = StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"0.1s"})", 30,
-                                         {absl::StrCat("--debug_hold_file=", hold)});
+  const Started started =
+      StartFullWorld(ckpt, R"({"count":3,"min":2,"join_grace":"0.1s"})", 30, {HoldFlag()});
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string* id = &started.job_id;
   const std::vector<pid_t>& pids = started.pids;
   cluster_->Kill(pids[2]);
-  ASSERT_TRUE(WaitUntil(*id, CommittedAt(*id, 2), absl::Seconds(60))) << cluster_->Logs();
-  std::ofstream(hold) << "held by the test\n";
-  ASSERT_TRUE(cluster_->StartWorker(*id).ok());
-  ASSERT_TRUE(WaitUntil(
-      *id, [&](const v1::Job& j) { return ReadyWorkers(*id) >= 1 || IsTerminal(j); },
-      absl::Seconds(120)))
-      << cluster_->Logs();
-  ASSERT_FALSE(IsTerminal(Get(*id))) << "the job ended before the replacement was READY";
-  std::filesystem::remove(hold);
+  StartNewcomersWhileHeld(*id, /*size=*/2, /*newcomers=*/1, /*ready=*/1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
   ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
   // The start may have shrunk too (a worker later than 0.1 s); what follows the kill is 2, 3.
