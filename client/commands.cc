@@ -381,6 +381,9 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
   };
   kv.insert(kv.end(), rest.begin(), rest.end());
   if (!p.waiting().empty()) kv.emplace_back("waiting", p.waiting());  // short of workers
+  for (const v1::RankScore& score : p.rank_scores()) {  // which rank is slow, and where
+    kv.emplace_back(absl::StrCat("rank ", score.rank()), RankScoreText(score));
+  }
   if (job.spec().batch().tail() == v1::Batch::drop) {
     // Every epoch drops as many samples; the latest epoch's record names them.
     kv.emplace_back("dropped tail", p.has_last_dropped_tail()
@@ -676,11 +679,15 @@ int WorkerList(const CommandContext& ctx, const std::string& job_id) {
         {w.worker_id(), w.name().empty() ? "-" : w.name(), w.job_id(),
          w.host().empty() ? "-" : w.host(), Cell(state, c),
          w.rank() >= 0 ? absl::StrCat(w.rank()) : "-", absl::StrCat(w.generation()),
+         // A straggler (under half the fastest's speed, as the alert rule says) stands out.
+         Cell(ScoreCell(w),
+              w.has_score() && w.score().relative() < 0.5 ? Color::kYellow : Color::kNone),
          w.last_heartbeat_ms() > 0 ? absl::StrCat(Age(w.last_heartbeat_ms(), now), " ago") : "-",
          Age(w.registered_ms(), now)});
   }
-  *ctx.out << RenderTable({"ID", "NAME", "JOB", "HOST", "STATE", "RANK", "GEN", "HEARTBEAT", "AGE"},
-                          rows, ctx.color_out);
+  *ctx.out << RenderTable(
+      {"ID", "NAME", "JOB", "HOST", "STATE", "RANK", "GEN", "SCORE", "HEARTBEAT", "AGE"}, rows,
+      ctx.color_out);
   return kExitOk;
 }
 

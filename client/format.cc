@@ -100,6 +100,22 @@ std::string WorkerStateText(const v1::WorkerInfo& worker) {
   return absl::StrCat(state, " (replaced by ", worker.replaced_by(), ")");
 }
 
+std::string ScoreCell(const v1::WorkerInfo& worker) {
+  if (!worker.has_score()) return "-";
+  return absl::StrFormat("%.2f/%.2f", worker.score().relative(), worker.score().individual());
+}
+
+std::string RankScoreText(const v1::RankScore& score) {
+  const v1::WindowPhases& p = score.phases();
+  const auto seconds = [](double s) { return absl::FormatDuration(absl::Seconds(s)); };
+  return absl::StrFormat(
+      "%s: relative %.2f, individual %.2f (%d windows); per window compute %s, data %s, "
+      "all-reduce %s, waiting on the coordinator %s",
+      score.worker_id(), score.relative(), score.individual(), score.windows(),
+      seconds(p.compute_seconds()), seconds(p.data_seconds()), seconds(p.allreduce_seconds()),
+      seconds(p.coordinator_seconds()));
+}
+
 std::string Colorize(const std::string& text, Color color, bool enabled) {
   if (!enabled || color == Color::kNone) return text;
   return absl::StrCat(AnsiCode(color), text, "\033[0m");

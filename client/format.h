@@ -33,6 +33,14 @@ std::string JobStateName(v1::JobState state);
 // same worker registered again under a new id.
 std::string WorkerStateText(const v1::WorkerInfo& worker);
 
+// The SCORE cell of `worker list`: "relative/individual", "0.33/0.98"; "-" before it ranked
+// in a scored window.
+std::string ScoreCell(const v1::WorkerInfo& worker);
+// A rank's line in `job get`: its worker, both scores and the mean phase times per window,
+// "w-2: relative 0.33, individual 0.98 (20 windows); per window compute 1.234s, data 2ms,
+// all-reduce 10ms, waiting on the coordinator 1ms".
+std::string RankScoreText(const v1::RankScore& score);
+
 enum class Color { kNone, kRed, kGreen, kYellow, kCyan, kBold };
 // Wraps `text` in the ANSI codes of `color` when `enabled`.
 std::string Colorize(const std::string& text, Color color, bool enabled);

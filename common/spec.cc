@@ -156,6 +156,9 @@ constexpr int32_t kWorkers = 1;
 // come back, short enough that a job does not idle for minutes on a lost machine.
 constexpr int64_t kJoinGraceSeconds = 30;
 constexpr int64_t kEvalEveryUpdates = 100;
+// Long enough that one slow window (a page-cache miss) makes no straggler, short enough to
+// see a slow node within a minute.
+constexpr int32_t kScoreWindows = kDefaultScoreWindows;
 }  // namespace defaults
 
 // ---------------------------------------------------------------------------------------
@@ -588,6 +591,12 @@ absl::Status ResolveWorkers(v1::JobSpec& out) {
   return absl::OkStatus();
 }
 
+absl::Status ResolveStragglers(v1::JobSpec& out) {
+  v1::Stragglers& s = *out.mutable_stragglers();
+  if (!s.has_score_windows()) s.set_score_windows(defaults::kScoreWindows);
+  return IntInRange("stragglers.score_windows", s.score_windows(), 1, 10000);
+}
+
 absl::Status ResolveDebug(v1::JobSpec& out) {
   const v1::Debug& debug = *out.mutable_debug();
   std::map<int64_t, int> seen;
@@ -711,6 +720,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveStop(out));
   RETURN_IF_ERROR(ResolveCheckpoint(out));
   RETURN_IF_ERROR(ResolveWorkers(out));
+  RETURN_IF_ERROR(ResolveStragglers(out));
   RETURN_IF_ERROR(ResolveDebug(out));
   RETURN_IF_ERROR(ResolveEval(out));
   return out;

@@ -34,6 +34,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json);
 // worker's business.
 absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 
+// stragglers.score_windows's default, also for the specs of jobs journaled before the field.
+inline constexpr int32_t kDefaultScoreWindows = 20;
+
 // ParseJobSpecJson, then ResolveJobSpec.
 absl::StatusOr<v1::JobSpec> ParseAndResolveJobSpec(std::string_view json);
 

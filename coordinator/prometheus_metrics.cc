@@ -1,5 +1,6 @@
 #include "coordinator/prometheus_metrics.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -114,6 +115,12 @@ PrometheusMetrics::PrometheusMetrics()
                      .Help("Global L2 gradient norm of the last committed window (stage scaled: "
                            "before unscaling, with a loss scaler)")
                      .Register(*registry_)),
+      rank_score_(BuildGauge()
+                      .Name("trainstep_rank_score")
+                      .Help("Straggler score of the job's slowest rank, 1 = as fast as the "
+                            "reference (kind relative: vs the fastest rank; individual: vs its "
+                            "own best); trainstep worker list names the rank")
+                      .Register(*registry_)),
       workers_(
           BuildGauge().Name("trainstep_workers").Help("Workers by state").Register(*registry_)),
       world_size_(BuildGauge()
@@ -189,6 +196,21 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
   micro_step_id_.Add(l).Set(static_cast<double>(p.micro_step_id()));
   if (p.has_last_eval_loss()) SetFinite(eval_loss_.Add(l), p.last_eval_loss());
+  // The lowest score among the latest generation's ranks: per-rank labels would be unbounded
+  // (CONVENTIONS.md). No series before a window was scored.
+  for (const bool relative : {true, false}) {
+    const Labels kl = {{"training_job", job.job_id()},
+                       {"kind", relative ? "relative" : "individual"}};
+    if (p.rank_scores().empty()) {
+      if (rank_score_.Has(kl)) rank_score_.Remove(&rank_score_.Add(kl));
+      continue;
+    }
+    double lowest = 1.0;
+    for (const v1::RankScore& r : p.rank_scores()) {
+      lowest = std::min(lowest, relative ? r.relative() : r.individual());
+    }
+    rank_score_.Add(kl).Set(lowest);
+  }
 }
 
 void PrometheusMetrics::InitJobCounters(const std::string& job_id) {

@@ -65,6 +65,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& eval_loss_;
   prometheus::Family<prometheus::Gauge>& grad_norm_;
+  prometheus::Family<prometheus::Gauge>& rank_score_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& world_size_;
   prometheus::Family<prometheus::Gauge>& waiting_for_workers_;

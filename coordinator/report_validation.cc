@@ -111,6 +111,20 @@ absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
                           kRequest, field, norm));
     }
   }
+  if (req.has_phases()) {
+    const v1::WindowPhases& p = req.phases();
+    for (const auto& [field, seconds] :
+         {std::pair<const char*, double>{"data_seconds", p.data_seconds()},
+          {"compute_seconds", p.compute_seconds()},
+          {"allreduce_seconds", p.allreduce_seconds()},
+          {"coordinator_seconds", p.coordinator_seconds()}}) {
+      // A day bounds any one window's phase; beyond it the clock or the report is broken.
+      if (!(seconds >= 0.0 && seconds <= 86400.0)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s.phases.%s must be between 0 and 86400 seconds, got %g", kRequest, field, seconds));
+      }
+    }
+  }
   if (req.has_next()) return ValidateNextBegin(req);
   return absl::OkStatus();
 }

@@ -74,7 +74,9 @@ StepMachine::StepMachine(const MachineOptions& options, const v1::Job& job)
     : options_(options),
       job_(job),
       scaler_config_(LossScalerConfig::FromSpec(job.spec().loss_scaler())),
-      scaler_(scaler_config_) {
+      scaler_(scaler_config_),
+      scores_(job.spec().stragglers().score_windows() > 0 ? job.spec().stragglers().score_windows()
+                                                          : kDefaultScoreWindows) {
   v1::CheckpointRecord initial;
   initial.set_checkpoint_id(0);
   *initial.mutable_scaler() = scaler_.State();
@@ -482,6 +484,16 @@ v1::Job StepMachine::Job() const {
     p->set_last_eval_loss(last_eval_->eval_loss());
     p->set_last_eval_update_id(last_eval_->optimizer_update_id());
   }
+  if (membership_.has_generation()) {
+    // The latest generation's, also once it ended: which rank was slow stays visible.
+    const auto& ranks = membership_.current().worker_ids();
+    for (int rank = 0; rank < ranks.size(); ++rank) {
+      std::optional<v1::RankScore> score = scores_.Find(ranks[rank]);
+      if (!score.has_value()) continue;
+      score->set_rank(rank);
+      *p->add_rank_scores() = std::move(*score);
+    }
+  }
   return job;
 }
 
@@ -507,7 +519,11 @@ void StepMachine::MarkReplaced(const std::string& worker_id, const std::string& 
 
 std::vector<v1::WorkerInfo> StepMachine::Workers() const {
   std::vector<v1::WorkerInfo> out;
-  for (const std::string& id : membership_.order()) out.push_back(membership_.Find(id)->info);
+  for (const std::string& id : membership_.order()) {
+    out.push_back(membership_.Find(id)->info);
+    if (out.back().state() == v1::LOST) continue;
+    if (std::optional<v1::RankScore> score = scores_.Find(id)) *out.back().mutable_score() = *score;
+  }
   return out;
 }
 
@@ -1147,6 +1163,15 @@ v1::UpdateRecord StepMachine::BaseRecord(int64_t window_id) const {
 void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
   const size_t world = attempt.complete.size();
   const v1::CompleteWindowRequest& first = *attempt.complete[0];
+  {
+    // Every rank reported the window: how fast each computed its share (straggler scores).
+    std::vector<RankScores::Sample> samples(world);
+    for (size_t rank = 0; rank < world; ++rank) {
+      const v1::CompleteWindowRequest& c = *attempt.complete[rank];
+      samples[rank] = {c.worker_id(), c.has_phases() ? c.valid_units() : 0, c.phases()};
+    }
+    scores_.Observe(samples);
+  }
   int64_t units = 0, micro_steps = 0;
   double loss_sum = 0.0;
   size_t inf_ranks = 0;

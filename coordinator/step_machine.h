@@ -30,6 +30,7 @@
 #include "common/window_outcome.h"
 #include "coordinator/loss_scaler.h"
 #include "coordinator/membership.h"
+#include "coordinator/rank_scores.h"
 #include "trainstep/v1/job_service.pb.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/worker_service.pb.h"
@@ -295,6 +296,8 @@ class StepMachine {
     int32_t reported = 0;
   };
   std::optional<EvalAttempt> eval_attempt_;
+
+  RankScores scores_;  // ephemeral: from the ranks' phase reports, not journaled
 
   std::map<int64_t, Attempt> attempts_;  // windows of the current generation in flight
   // Ephemeral, set by Recovered: the window (and its generation) in flight at recovery, whose

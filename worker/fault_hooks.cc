@@ -45,4 +45,11 @@ void FaultHooks::BeforeWindow(int64_t window_id) const {
   LogInfo(absl::StrCat("--debug-hold-file: window ", window_id, " goes on"));
 }
 
+absl::Duration FaultHooks::AfterMicroStep(absl::Duration compute) const {
+  if (options_.slow_factor <= 1.0) return absl::ZeroDuration();
+  const absl::Duration extra = compute * (options_.slow_factor - 1.0);
+  absl::SleepFor(extra);
+  return extra;
+}
+
 }  // namespace trainstep

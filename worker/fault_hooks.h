@@ -1,8 +1,8 @@
 // Faults injected into a running worker to test the protocol: spec.debug's non-finite
 // gradients, and the --debug-* flags (a desynced replica, an exit during evaluation, a held
-// window). One small interface, called at four named points, so the window's code reads as
-// training and every injection lives here. A worker without faults runs the same calls, which do
-// nothing.
+// window, a slowed rank). One small interface, called at a few named points, so the window's
+// code reads as training and every injection lives here. A worker without faults runs the same
+// calls, which do nothing.
 #ifndef TRAINSTEP_WORKER_FAULT_HOOKS_H_
 #define TRAINSTEP_WORKER_FAULT_HOOKS_H_
 
@@ -23,6 +23,8 @@ struct FaultOptions {
   // Test-only: before each window, this worker waits while this file exists (at most
   // kMaxHold), its heartbeats going on: a test holds training while it arranges a fault.
   std::string hold_file;
+  // Test-only: this worker computes this many times slower (a straggler); 1 = not slowed.
+  double slow_factor = 1.0;
 };
 
 class FaultHooks {
@@ -45,6 +47,9 @@ class FaultHooks {
   // so a test that forgets the file slows a job down instead of hanging it.
   static constexpr absl::Duration kMaxHold = absl::Seconds(60);
   void BeforeWindow(int64_t window_id) const;
+  // After a micro-step that took `compute`: --debug-slow-factor sleeps (factor - 1) × compute,
+  // so the rank's compute takes factor × as long, as on a slow device. Returns the time slept.
+  absl::Duration AfterMicroStep(absl::Duration compute) const;
 
  private:
   v1::Debug debug_;

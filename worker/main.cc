@@ -71,6 +71,9 @@ ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
 ABSL_FLAG(std::string, debug_hold_file, "",
           "TEST ONLY: before each window, wait while this file exists (at most 60 s; heartbeats "
           "go on): a test holds training while it arranges a fault");
+ABSL_FLAG(double, debug_slow_factor, 1.0,
+          "TEST ONLY: this worker computes this many times slower (it sleeps after each "
+          "micro-step for (factor - 1) times the micro-step's time): a straggler, 1 = not slowed");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,
@@ -195,6 +198,11 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
   options.faults.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   options.faults.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
   options.faults.hold_file = absl::GetFlag(FLAGS_debug_hold_file);
+  options.faults.slow_factor = absl::GetFlag(FLAGS_debug_slow_factor);
+  if (!(options.faults.slow_factor >= 1.0 && options.faults.slow_factor <= 100.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--debug-slow-factor must be between 1 and 100, got ", options.faults.slow_factor));
+  }
   options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));

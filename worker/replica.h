@@ -35,6 +35,7 @@ struct GradientHookTarget;  // what a replica's gradient hooks call (replica.cc)
 struct MicroStepTimes {
   double forward_seconds = 0.0;  // forward + loss
   double backward_seconds = 0.0;
+  double data_seconds = 0.0;  // collating the micro-batch (the worker's, before MicroStep)
 };
 
 struct UnscaleResult {

@@ -438,7 +438,14 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
   complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
   complete.set_allreduce_calls(reduced->calls);
   if (next.has_value()) *complete.mutable_next() = next->request;
+  v1::WindowPhases* phases = complete.mutable_phases();
+  phases->set_data_seconds(total_times.data_seconds);
+  phases->set_compute_seconds(total_times.forward_seconds + total_times.backward_seconds);
+  phases->set_allreduce_seconds(reduce_seconds);
+  phases->set_coordinator_seconds(last_decision_wait_seconds_);
+  const absl::Time decision_asked = absl::Now();
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
+  last_decision_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - decision_asked);
   if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
   const v1::WindowDecision& d = c->decision();
   ApplyDecision(d);
@@ -477,7 +484,9 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
   double loss_sum = 0.0;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const std::vector<int64_t>& mb = micro_batches[k];
+    const absl::Time collate_start = absl::Now();
     data::MicroBatch batch = data::Collate(*dataset_, mb);
+    times->data_seconds += absl::ToDoubleSeconds(absl::Now() - collate_start);
     const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
     const double multiplier =
         BackwardMultiplier(spec_.loss().normalization(), loss_scale, global_units, micro_units,
@@ -487,6 +496,9 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
                      replica_->MicroStep(batch, multiplier, &t,
                                          k + 1 == micro_batches.size() ? last_ready : nullptr));
     loss_sum += l;
+    // A slowed rank (fault injection) takes longer in backward, as on a slow device.
+    t.backward_seconds += absl::ToDoubleSeconds(
+        faults_->AfterMicroStep(absl::Seconds(t.forward_seconds + t.backward_seconds)));
     times->forward_seconds += t.forward_seconds;
     times->backward_seconds += t.backward_seconds;
   }

@@ -162,6 +162,9 @@ class Worker {
   // training thread only. Never outlives its generation: dropped on every way out of
   // RunGeneration.
   std::optional<NextBegin> next_begin_;
+  // How long the latest CompleteWindow waited for its decision: the next report's
+  // coordinator phase (straggler scores).
+  double last_decision_wait_seconds_ = 0.0;
   // The last window whose decision this replica applied, in the generation it runs.
   int64_t applied_window_ = 0;
 };

@@ -170,6 +170,7 @@ absl::Status SimulatedWorker::Run() {
       c.set_found_inf(rep.found_inf);
       c.set_micro_steps(1);
       c.set_allreduce_calls(1);
+      if (rep.compute_seconds > 0) c.mutable_phases()->set_compute_seconds(rep.compute_seconds);
       if (pipeline_begin_) {
         // Whether a next window exists is the coordinator's to say: no answer comes if not.
         next_report = report_(window + 1, a->rank());

@@ -28,6 +28,8 @@ struct SimReport {
   // Report grad_norm_scaled = grad_norm × the window's loss scale, as a worker with a loss
   // scaler does.
   bool scaled_norm = false;
+  // Reported as the window's compute phase (straggler scores); 0 reports no phases.
+  double compute_seconds = 0.01;
 };
 using ReportFn = std::function<SimReport(int64_t window_id, int rank)>;
 

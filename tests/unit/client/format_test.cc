@@ -43,6 +43,26 @@ TEST(FormatTest, WorkerStateText) {
   EXPECT_EQ(WorkerStateText(w), "UNKNOWN");
 }
 
+// Catches: a straggler's scores shown swapped, unrounded, or as zeros before any was scored.
+TEST(FormatTest, ScoreCellAndRankScoreText) {
+  v1::WorkerInfo w;
+  EXPECT_EQ(ScoreCell(w), "-");
+  w.mutable_score()->set_relative(1.0 / 3.0);
+  w.mutable_score()->set_individual(0.981);
+  EXPECT_EQ(ScoreCell(w), "0.33/0.98");
+
+  v1::RankScore s = w.score();
+  s.set_worker_id("w-2");
+  s.set_windows(20);
+  s.mutable_phases()->set_compute_seconds(1.234);
+  s.mutable_phases()->set_data_seconds(0.002);
+  s.mutable_phases()->set_allreduce_seconds(0.01);
+  s.mutable_phases()->set_coordinator_seconds(0.001);
+  EXPECT_EQ(RankScoreText(s),
+            "w-2: relative 0.33, individual 0.98 (20 windows); per window compute 1.234s, data "
+            "2ms, all-reduce 10ms, waiting on the coordinator 1ms");
+}
+
 // Catches: raw seconds ("80s"), zero-padded or sign-carrying durations.
 TEST(FormatTest, ShortDuration) {
   EXPECT_EQ(ShortDuration(absl::ZeroDuration()), "0s");

@@ -55,6 +55,7 @@ constexpr char kFull[] = R"({
   "stop": {"max_updates": 50, "epochs": 2},
   "checkpoint": {"dir": "/ckpt", "every_updates": 10, "keep_last": 0},
   "workers": {"count": 1024, "min": 3, "join_grace": "1.500s"},
+  "stragglers": {"score_windows": 7},
   "debug": {"nonfinite_grad_windows": [1, 7]}
 })";
 
@@ -210,6 +211,7 @@ TEST(SpecTest, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(s.workers().count(), 1);
   EXPECT_EQ(s.workers().min(), 1);  // min follows count: no elasticity unless asked
   EXPECT_EQ(s.workers().join_grace().seconds(), 30);
+  EXPECT_EQ(s.stragglers().score_windows(), 20);
   EXPECT_TRUE(s.debug().nonfinite_grad_windows().empty());
   EXPECT_TRUE(IsTokenLevel(s));
   EXPECT_EQ(GlobalBatchSamples(s), 8);
@@ -732,6 +734,11 @@ std::vector<RuleCase> RuleCases() {
 
       // No workers.
       {"WorkersZero", Text(R"("workers":{"count":0})"), "workers.count must be ≥ 1, got 0"},
+      // Scores smoothed over no window, or over more than any job keeps in mind.
+      {"ScoreWindowsZero", Text(R"("stragglers":{"score_windows":0})"),
+       "stragglers.score_windows must be ≥ 1, got 0"},
+      {"ScoreWindowsTooMany", Text(R"("stragglers":{"score_windows":10001})"),
+       "stragglers.score_windows must be ≤ 10000, got 10001"},
       // More workers than supported.
       {"WorkersTooMany", Text(R"("workers":{"count":1025})"),
        "workers.count must be ≤ 1024, got 1025"},
@@ -830,7 +837,7 @@ std::vector<RuleCase> ParseErrorCases() {
       {"UnknownTopLevelField", R"({"micro_batch_size":4})",
        "micro_batch_size: unknown field; the spec accepts: name, seed, model, data, batch, "
        "precision, loss, optimizer, schedule, clip, loss_scaler, stop, checkpoint, workers, "
-       "debug, eval"},
+       "debug, eval, stragglers"},
       // A typo inside a list element.
       {"UnknownFieldInList", R"({"optimizer":{"param_groups":[{"prefixx":"a."}]}})",
        "optimizer.param_groups[0].prefixx: unknown field; optimizer.param_groups[0] accepts: "

@@ -92,6 +92,7 @@ struct RankReport {
   int64_t micro_steps = 2;
   int64_t allreduce_calls = 1;
   std::optional<double> grad_norm_scaled;  // sent only when set (a loss scaler is on)
+  std::optional<double> compute_seconds;   // the phases, sent only when set
 };
 
 inline std::vector<RankReport> Reports(int world, RankReport r = {}) {
@@ -273,6 +274,9 @@ class SimulatedRanks {
     req.set_micro_steps(r.micro_steps);
     req.set_allreduce_calls(r.allreduce_calls);
     if (r.grad_norm_scaled.has_value()) req.set_grad_norm_scaled(*r.grad_norm_scaled);
+    if (r.compute_seconds.has_value()) {
+      req.mutable_phases()->set_compute_seconds(*r.compute_seconds);
+    }
     return req;
   }
 

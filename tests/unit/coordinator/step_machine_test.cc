@@ -1294,6 +1294,14 @@ TEST(StepMachineTest, ReportsOutOfRangeAreRefusedNamingTheField) {
   c = sim2.Complete(0, 1, negative_scaled);
   EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.grad_norm_scaled must be ≥ 0"));
+  for (const double bad : {-1e-3, kInf, std::nan(""), 86401.0}) {
+    RankReport bad_phase;
+    bad_phase.compute_seconds = bad;
+    c = sim2.Complete(0, 1, bad_phase);
+    EXPECT_EQ(CodeOf(c), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(MessageOf(c), HasSubstr("CompleteWindowRequest.phases.compute_seconds must be "
+                                        "between 0 and 86400 seconds"));
+  }
   RankReport many_steps;
   many_steps.micro_steps = kMax;
   c = sim2.Complete(0, 1, many_steps);
@@ -2581,6 +2589,52 @@ TEST(ReferenceNumbersTest, OneOverflowWindowOfTwo) {
   EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
   EXPECT_EQ(sim.progress().loss_scale(), 32768);  // ×0.5 exactly once
   EXPECT_EQ(sim.progress().window_id(), 2);
+}
+
+// Straggler scores: each decided window's phase reports score the ranks; a rank reporting
+// three times the compute time of the others scores 1/3 relative, in Workers() and in the
+// job's progress by rank, and the scores stay after the job ended. Catches scores computed
+// against the wrong rank, lost between the report and the query, or not filled in.
+TEST(StepMachineTest, PhaseReportsScoreEachRank) {
+  SpecOptions o;
+  o.workers = 3;
+  o.max_updates = 4;
+  SimulatedRanks sim(ResolvedSpec(o));
+  sim.Start(3);
+  EXPECT_TRUE(sim.job().progress().rank_scores().empty());  // nothing scored yet
+  for (int w = 0; w < 4; ++w) {
+    std::vector<RankReport> reports = Reports(3);
+    for (RankReport& r : reports) r.compute_seconds = 0.1;
+    reports[2].compute_seconds = 0.3;
+    EXPECT_EQ(sim.RunWindow(reports).outcome(), v1::COMMIT);
+  }
+  const v1::Job job = sim.job();
+  EXPECT_EQ(job.state(), v1::SUCCEEDED);
+  ASSERT_EQ(job.progress().rank_scores_size(), 3);
+  for (int rank = 0; rank < 3; ++rank) {
+    const v1::RankScore& score = job.progress().rank_scores(rank);
+    EXPECT_EQ(score.rank(), rank);
+    EXPECT_EQ(score.worker_id(), sim.Ranks().at(rank));
+    EXPECT_EQ(score.windows(), 4);
+    EXPECT_NEAR(score.relative(), rank == 2 ? 1.0 / 3.0 : 1.0, 1e-9) << rank;
+    EXPECT_NEAR(score.phases().compute_seconds(), rank == 2 ? 0.3 : 0.1, 1e-9) << rank;
+  }
+  int scored = 0;
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    if (!w.has_score()) continue;
+    ++scored;
+    EXPECT_NEAR(w.score().relative(), w.worker_id() == sim.Ranks().at(2) ? 1.0 / 3.0 : 1.0, 1e-9);
+  }
+  EXPECT_EQ(scored, 3);
+}
+
+// Reports without phases (an older worker) leave the job unscored rather than scoring zeros.
+TEST(StepMachineTest, ReportsWithoutPhasesAreNotScored) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  sim.Start(2);
+  EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
+  EXPECT_TRUE(sim.job().progress().rank_scores().empty());
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) EXPECT_FALSE(w.has_score());
 }
 
 }  // namespace
