@@ -594,7 +594,19 @@ absl::Status ResolveWorkers(v1::JobSpec& out) {
 absl::Status ResolveStragglers(v1::JobSpec& out) {
   v1::Stragglers& s = *out.mutable_stragglers();
   if (!s.has_score_windows()) s.set_score_windows(defaults::kScoreWindows);
-  return IntInRange("stragglers.score_windows", s.score_windows(), 1, 10000);
+  RETURN_IF_ERROR(IntInRange("stragglers.score_windows", s.score_windows(), 1, 10000));
+  if (!s.has_replace_below()) {
+    if (s.has_replace_after_windows()) {
+      return Invalid(
+          "stragglers.replace_after_windows needs stragglers.replace_below (the relative score "
+          "a rank must stay below to be replaced)");
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(
+      DoubleInRange("stragglers.replace_below", s.replace_below(), 0, End::kOpen, 1, End::kOpen));
+  if (!s.has_replace_after_windows()) s.set_replace_after_windows(s.score_windows());
+  return IntInRange("stragglers.replace_after_windows", s.replace_after_windows(), 1, 10000);
 }
 
 absl::Status ResolveDebug(v1::JobSpec& out) {

@@ -77,7 +77,8 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
       break;
     }
     case v1::JournalRecord::kWorkerLost:
-      LogWarning(absl::StrCat("job ", job.job_id(), " lost worker ",
+      LogWarning(absl::StrCat("job ", job.job_id(),
+                              record.worker_lost().drained() ? " drained worker " : " lost worker ",
                               record.worker_lost().worker_id(), ": ",
                               record.worker_lost().reason()));
       break;

@@ -43,6 +43,11 @@ bool Membership::MarkLost(const std::string& worker_id, int64_t lost_ms) {
   return was_member;
 }
 
+void Membership::MarkDrained(const std::string& worker_id, const std::string& reason) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e != nullptr) e->info.set_drained(reason);
+}
+
 void Membership::MarkReplaced(const std::string& worker_id, const std::string& by) {
   WorkerEntry* e = FindMutable(worker_id);
   if (e != nullptr) e->info.set_replaced_by(by);

@@ -5,8 +5,8 @@
 
 namespace trainstep {
 
-RankScores::RankScores(int32_t window_count)
-    : window_count_(static_cast<size_t>(std::max(window_count, 1))) {}
+RankScores::RankScores(int32_t window_count, std::optional<double> below)
+    : window_count_(static_cast<size_t>(std::max(window_count, 1))), below_(below) {}
 
 void RankScores::Observe(const std::vector<Sample>& window) {
   std::vector<size_t> ranked;  // ranks scored in this window
@@ -42,6 +42,9 @@ void RankScores::Observe(const std::vector<Sample>& window) {
     score.set_relative(std::min(1.0, fastest / average));
     score.set_individual(h->best > 0.0 ? std::min(1.0, h->best / average) : 1.0);
     score.set_windows(score.windows() + 1);
+    if (below_.has_value()) {
+      score.set_windows_below(score.relative() < *below_ ? score.windows_below() + 1 : 0);
+    }
     score.set_rank(static_cast<int32_t>(rank));
     score.set_worker_id(window[rank].worker_id);
     v1::WindowPhases mean;

@@ -7,6 +7,8 @@
 //                it ranked in (1: as fast as the fastest; 0.33: three times slower),
 //   individual = its own best average so far ÷ its current one (< 1: slower than it was; 1
 //                until its first `window_count` windows gave a full average).
+// With a replacement threshold it also counts, per worker, the scored windows in a row whose
+// relative score was below it (windows_below): the step machine drains on that streak.
 // Pure and in memory: scores are observations, not decisions, so they are not journaled; a
 // restarted coordinator scores afresh within `window_count` windows.
 #ifndef TRAINSTEP_COORDINATOR_RANK_SCORES_H_
@@ -25,7 +27,8 @@ namespace trainstep {
 
 class RankScores {
  public:
-  explicit RankScores(int32_t window_count);
+  // `below`: stragglers.replace_below, whose streaks each score counts (windows_below).
+  explicit RankScores(int32_t window_count, std::optional<double> below = std::nullopt);
 
   // One rank's report of a decided window.
   struct Sample {
@@ -48,6 +51,7 @@ class RankScores {
     double Average() const { return per_unit_sum / static_cast<double>(per_unit.size()); }
   };
   size_t window_count_;
+  std::optional<double> below_;
   absl::flat_hash_map<std::string, History> history_;
 };
 

@@ -76,7 +76,10 @@ StepMachine::StepMachine(const MachineOptions& options, const v1::Job& job)
       scaler_config_(LossScalerConfig::FromSpec(job.spec().loss_scaler())),
       scaler_(scaler_config_),
       scores_(job.spec().stragglers().score_windows() > 0 ? job.spec().stragglers().score_windows()
-                                                          : kDefaultScoreWindows) {
+                                                          : kDefaultScoreWindows,
+              job.spec().stragglers().has_replace_below()
+                  ? std::optional<double>(job.spec().stragglers().replace_below())
+                  : std::nullopt) {
   v1::CheckpointRecord initial;
   initial.set_checkpoint_id(0);
   *initial.mutable_scaler() = scaler_.State();
@@ -184,6 +187,9 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
     }
     case v1::JournalRecord::kWorkerLost:
       membership_.MarkLost(record.worker_lost().worker_id(), record.time_ms());
+      if (record.worker_lost().drained()) {
+        membership_.MarkDrained(record.worker_lost().worker_id(), record.worker_lost().reason());
+      }
       break;
     case v1::JournalRecord::kGenerationFormed:
       ApplyGenerationFormed(record.generation_formed(), record.time_ms());
@@ -587,7 +593,13 @@ absl::Status StepMachine::CheckRunnable() const {
 
 absl::Status StepMachine::LostError(const std::string& worker_id) const {
   // NOT_FOUND, not FAILED_PRECONDITION: the identity is gone and the worker must register
-  // again (a new identity), which a refused dataset must not trigger.
+  // again (a new identity), which a refused dataset must not trigger. A drained worker's
+  // rejoin finds its heartbeat answered with `drained` and exits instead.
+  if (Drained(worker_id)) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " of ", job_id(),
+                                            " was drained: ",
+                                            membership_.Find(worker_id)->info.drained()));
+  }
   return absl::NotFoundError(absl::StrCat(
       "worker ", worker_id, " of ", job_id(), " was declared lost (no heartbeat within its ",
       absl::FormatDuration(options_.worker_lease), " lease): register again"));
@@ -760,6 +772,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
 absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::HeartbeatRequest& req,
                                                              absl::Time now) {
   RETURN_IF_ERROR(ValidateHeartbeat(req));
+  if (Drained(req.worker_id())) return HeartbeatAnswer(req.worker_id());  // it exits
   ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
   membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id(),
                     req.has_idle_after_generation() ? req.idle_after_generation() : -1);
@@ -797,6 +810,7 @@ void StepMachine::EndGeneration(const std::string& reason, const std::string& wo
 
 absl::StatusOr<v1::HeartbeatResponse> StepMachine::Attach(const v1::AttachRequest& req,
                                                           uint64_t seq, absl::Time now) {
+  if (Drained(req.worker_id())) return HeartbeatAnswer(req.worker_id());  // it exits
   ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
   if (w->attach_seq != seq) membership_.Attach(req.worker_id(), seq, now + options_.worker_lease);
   return HeartbeatAnswer(req.worker_id());
@@ -879,7 +893,9 @@ v1::HeartbeatResponse StepMachine::HeartbeatAnswer(const std::string& worker_id)
   resp.set_job_state(job_.state());
   resp.set_job_message(job_.message());
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
-  resp.set_dataset_accepted(membership_.Find(worker_id)->dataset_accepted);
+  const WorkerEntry* w = membership_.Find(worker_id);
+  resp.set_dataset_accepted(w->dataset_accepted);
+  resp.set_drained(w->info.drained());
   const int32_t rank = membership_.RankOf(worker_id);
   if (!terminal() && rank >= 0 && membership_.generation_live()) {
     resp.set_assigned(true);
@@ -1335,6 +1351,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   MaybeFinish(now);
   MaybeEndEmptyWindow(now);
   MaybeGrow(now);
+  MaybeReplaceStraggler(now);
 }
 
 void StepMachine::MaybeGrow(absl::Time now) {
@@ -1348,6 +1365,57 @@ void StepMachine::MaybeGrow(absl::Time now) {
   // reports of the next window sent ahead (pipelined) do not hold this up: no rank computed
   // anything of it, and their calls are answered ABORTED like any of the ended generation.
   EndGeneration("workers joined", /*worker_id=*/"", now);
+  MaybeFormGeneration(now);
+}
+
+bool StepMachine::Drained(const std::string& worker_id) const {
+  const WorkerEntry* w = membership_.Find(worker_id);
+  return w != nullptr && !w->info.drained().empty();
+}
+
+void StepMachine::MaybeReplaceStraggler(absl::Time now) {
+  const v1::Stragglers& policy = job_.spec().stragglers();
+  if (!policy.has_replace_below() || terminal() || !membership_.generation_live() ||
+      eval_due_.has_value() || StopReachedAfter(last_window_, update_id_)) {
+    return;
+  }
+  // Only with a standby to take its place: draining alone would shrink the world (or stop
+  // the job below workers.min), which costs more than a slow rank does.
+  const std::vector<std::string> standbys = membership_.Standbys();
+  if (std::none_of(standbys.begin(), standbys.end(),
+                   [this](const std::string& id) { return !membership_.Find(id)->detached; })) {
+    return;
+  }
+  // The rank longest below the threshold, if its streak is long enough: one per boundary.
+  std::string slowest;
+  v1::RankScore worst;
+  for (const std::string& id : membership_.Survivors()) {
+    std::optional<v1::RankScore> score = scores_.Find(id);
+    if (!score.has_value() || score->windows_below() < policy.replace_after_windows()) continue;
+    if (slowest.empty() || score->windows_below() > worst.windows_below() ||
+        (score->windows_below() == worst.windows_below() && score->relative() < worst.relative())) {
+      slowest = id;
+      worst = *score;
+    }
+  }
+  if (slowest.empty()) return;
+  // At a window boundary, like a grow: the members finish applying this decision, the next
+  // generation takes the standby and is seeded by a survivor that holds the update, so the
+  // weights do not change. The generation ends first, so begin reports sent ahead are
+  // answered ABORTED without a log record, as when workers join.
+  const std::string reason = absl::StrCat(
+      "a straggler: relative score ", absl::SixDigits(worst.relative()),
+      " below stragglers.replace_below ", absl::SixDigits(policy.replace_below()), " for ",
+      worst.windows_below(), " scored windows in a row (rank ", worst.rank(),
+      "); a standby takes its place");
+  EndGeneration("straggler replaced", slowest, now);
+  v1::JournalRecord record;
+  v1::WorkerLost* lost = record.mutable_worker_lost();
+  lost->set_job_id(job_id());
+  lost->set_worker_id(slowest);
+  lost->set_reason(reason);
+  lost->set_drained(true);
+  Emit(std::move(record), now);
   MaybeFormGeneration(now);
 }
 

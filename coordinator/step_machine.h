@@ -224,6 +224,12 @@ class StepMachine {
   // At a window boundary of a generation smaller than workers.count, with standbys waiting:
   // ends it, so that the next one takes them.
   void MaybeGrow(absl::Time now);
+  // At a window boundary (stragglers.replace_below): drains the rank whose relative score
+  // stayed below the threshold for replace_after_windows scored windows, when a standby is
+  // ready to take its rank; the generation ends and the next one forms with the standby.
+  void MaybeReplaceStraggler(absl::Time now);
+  // The worker was drained: its heartbeats are answered (with why) so that it exits.
+  bool Drained(const std::string& worker_id) const;
   absl::Duration JoinGrace() const;  // spec.workers.join_grace
   // What registration tells workers: five heartbeats per lease.
   absl::Duration HeartbeatInterval() const { return options_.worker_lease / 5; }

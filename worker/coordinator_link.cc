@@ -185,6 +185,7 @@ void CoordinatorLink::Publish(const absl::StatusOr<v1::HeartbeatResponse>& answe
     s.job_message = r.job_message();
     s.job_over = s.job_over || IsTerminal(r.job_state());
     s.dataset_accepted = r.dataset_accepted();
+    if (!r.drained().empty()) s.drained = r.drained();
     if (!r.coordinator_id().empty()) s.coordinator_id = r.coordinator_id();
     s.current_generation = r.assigned() ? r.assignment().generation() : -1;
     if (r.assigned()) {
@@ -235,11 +236,14 @@ absl::StatusOr<v1::Assignment> CoordinatorLink::AwaitAssignment(int64_t after_ge
   idle_after_ = after_generation;
   // A fresh answer, not one from before the call; but refusal and the job's end are final.
   HeartbeatSnapshot s = Snapshot();
-  uint64_t seen = s.refused || s.job_over ? s.version - 1 : s.version;
+  uint64_t seen = s.refused || s.job_over || !s.drained.empty() ? s.version - 1 : s.version;
   while (true) {
     s = AwaitNewer(seen, absl::Seconds(1));
     seen = s.version;
     if (s.refused) return absl::FailedPreconditionError(s.job_message);
+    if (!s.drained.empty()) {
+      return absl::CancelledError(absl::StrCat("drained by the coordinator: ", s.drained));
+    }
     if (s.job_over) {
       return absl::CancelledError(absl::StrCat("job ", v1::JobState_Name(s.job_state),
                                                s.job_message.empty() ? "" : ": ", s.job_message));
@@ -260,7 +264,7 @@ absl::StatusOr<v1::Assignment> CoordinatorLink::AwaitAssignment(int64_t after_ge
 bool CoordinatorLink::KeepWaiting() const {
   const int64_t joined = joined_for_waits_.load();
   absl::MutexLock lock(&mu_);
-  if (snapshot_.job_over || snapshot_.refused) return false;
+  if (snapshot_.job_over || snapshot_.refused || !snapshot_.drained.empty()) return false;
   return !(joined > 0 && snapshot_.current_generation != joined);
 }
 

@@ -40,6 +40,9 @@ struct HeartbeatSnapshot {
   uint64_t version = 0;   // +1 with every answer, refusal or failed heartbeat
   bool job_over = false;  // the job reached a terminal state
   bool refused = false;   // this process cannot take part (its dataset, a failed re-register)
+  // Why the coordinator drained this worker (a straggler a standby replaces); "" if it did not.
+  // Final like refused: the worker exits 0 and does not register again.
+  std::string drained;
   v1::JobState job_state = v1::JOB_STATE_UNSPECIFIED;
   std::string job_message;  // the job's, or why this process was refused
   // The generation the coordinator has this worker in: -1 none (it broke, or re-formed

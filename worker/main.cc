@@ -124,7 +124,8 @@ BinaryHelp WorkerHelp() {
       "  LOCAL_WORLD_SIZE        --threads 0: workers on this host, sharing its cores\n";
   h.exit_codes =
       "  0  the job ended (done, cancelled, or failed by another rank: nothing to\n"
-      "     restart), or --generate / --host-info printed their output\n"
+      "     restart), the coordinator drained this worker as a straggler (a standby\n"
+      "     took its rank), or --generate / --host-info printed their output\n"
       "  1  this worker failed: no coordinator within --connect-timeout, an error in\n"
       "     its data, model, collective or checkpoint; also an unknown flag\n"
       "  2  refused to start: a flag or environment variable with a bad value\n";

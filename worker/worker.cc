@@ -648,6 +648,13 @@ WorkerExit Worker::RunOrThrow() {
   while (true) {
     absl::StatusOr<v1::Assignment> a = link_->AwaitAssignment(after);
     if (!a.ok()) {
+      if (!link_->Snapshot().drained.empty()) {
+        // Replaced by a standby at a window boundary: nothing of this replica is needed, and
+        // exit 0 keeps Kubernetes from counting it as a failure.
+        LogWarning(a.status().message());
+        collective_.reset();
+        return {0, std::string(a.status().message())};
+      }
       if (JobOver()) break;
       return {1, std::string(a.status().message())};
     }

@@ -8,11 +8,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/integration/process_cluster.h"
 
 namespace trainstep::testing {
@@ -35,6 +39,46 @@ class ClusterTest : public ::testing::Test {
     if (!HasFailure() && getenv("TRAINSTEP_KEEP_TEST_DIRS") == nullptr) {
       std::filesystem::remove_all(dir_);
     }
+  }
+
+  // The job as GetJob answers it now (an empty one if the call failed).
+  v1::Job GetJob(const std::string& job_id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::Job job;
+    (void)cluster_->jobs()->GetJob(&ctx, req, &job);
+    return job;
+  }
+
+  // The job's workers as ListWorkers answers now (none if the call failed).
+  std::vector<v1::WorkerInfo> Workers(const std::string& job_id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListWorkersRequest req;
+    req.set_job_id(job_id);
+    v1::ListWorkersResponse resp;
+    if (!cluster_->jobs()->ListWorkers(&ctx, req, &resp).ok()) return {};
+    return {resp.workers().begin(), resp.workers().end()};
+  }
+
+  // How many of the job's workers are in `state` now.
+  int CountWorkers(const std::string& job_id, v1::WorkerState state) {
+    int n = 0;
+    for (const v1::WorkerInfo& w : Workers(job_id)) n += w.state() == state ? 1 : 0;
+    return n;
+  }
+
+  // Polls the job (bounded) until `pred` holds; false if it never did.
+  template <typename Pred>
+  bool WaitUntil(const std::string& job_id, Pred pred, absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    while (absl::Now() < give_up) {
+      if (pred(GetJob(job_id))) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
   }
 
   std::string prefix_;

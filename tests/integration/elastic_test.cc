@@ -3,7 +3,6 @@
 // below workers.min. Each case compares its final weights with the same job run by
 // workers.count workers without a fault: the samples of a window do not depend on how many
 // ranks split them, so the weights must not either (up to float summation order).
-#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -11,7 +10,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,11 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
 #include "tests/integration/cluster_test.h"
+#include "tests/integration/final_weights.h"
 #include "tests/integration/process_cluster.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 
 namespace trainstep {
 namespace {
+
+using testing::ExpectSameWeights;
 
 constexpr int64_t kDefaultUpdates = 300;
 
@@ -43,41 +44,6 @@ class ElasticTest : public testing::ClusterTest {
         R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":)", workers, ",",
         R"("optimizer":{"sgd":{"lr":0.02,"momentum":0.9}},"stop":{"max_updates":)", updates_,
         R"(},"checkpoint":{"dir":")", ckpt, R"(","every_updates":50,"keep_last":0}})");
-  }
-
-  v1::Job Get(const std::string& job_id) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::GetJobRequest req;
-    req.set_job_id(job_id);
-    v1::Job job;
-    (void)cluster_->jobs()->GetJob(&ctx, req, &job);
-    return job;
-  }
-
-  // Polls the job (bounded) until `pred` holds; false if it never did.
-  template <typename Pred>
-  bool WaitUntil(const std::string& job_id, Pred pred, absl::Duration timeout) {
-    const absl::Time give_up = absl::Now() + timeout;
-    while (absl::Now() < give_up) {
-      if (pred(Get(job_id))) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-
-  // How many workers of the job are READY: registered, their data loaded, waiting for a
-  // generation to take them.
-  int ReadyWorkers(const std::string& job_id) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::ListWorkersRequest req;
-    req.set_job_id(job_id);
-    v1::ListWorkersResponse resp;
-    if (!cluster_->jobs()->ListWorkers(&ctx, req, &resp).ok()) return 0;
-    return static_cast<int>(
-        std::count_if(resp.workers().begin(), resp.workers().end(),
-                      [](const v1::WorkerInfo& w) { return w.state() == v1::READY; }));
   }
 
   // While this file exists, workers started with HoldFlag() wait before their next window.
@@ -99,10 +65,10 @@ class ElasticTest : public testing::ClusterTest {
     for (int i = 0; i < newcomers; ++i) ASSERT_TRUE(cluster_->StartWorker(job_id).ok());
     ASSERT_TRUE(WaitUntil(
         job_id,
-        [&](const v1::Job& j) { return ReadyWorkers(job_id) >= ready || IsTerminal(j.state()); },
+        [&](const v1::Job& j) { return CountWorkers(job_id, v1::READY) >= ready || IsTerminal(j.state()); },
         absl::Seconds(120)))
         << cluster_->Logs();
-    ASSERT_FALSE(IsTerminal(Get(job_id).state()))
+    ASSERT_FALSE(IsTerminal(GetJob(job_id).state()))
         << "the job ended before the newcomers were READY";
     std::filesystem::remove(HoldFile());
   }
@@ -154,27 +120,7 @@ class ElasticTest : public testing::ClusterTest {
   }
 
   ckpt::TensorMap FinalWeights(const std::string& ckpt) {
-    absl::StatusOr<std::optional<int64_t>> latest = ckpt::LatestCheckpoint(ckpt);
-    EXPECT_TRUE(latest.ok() && latest->has_value());
-    if (!latest.ok() || !latest->has_value()) return {};
-    absl::StatusOr<ckpt::LoadedCheckpoint> l = ckpt::ReadCheckpoint(ckpt, **latest);
-    EXPECT_TRUE(l.ok()) << l.status();
-    if (!l.ok()) return {};
-    EXPECT_EQ(l->meta.optimizer_update_id, updates_);
-    return l->model;
-  }
-
-  static void ExpectSameWeights(const ckpt::TensorMap& a, const ckpt::TensorMap& b) {
-    ASSERT_EQ(a.size(), b.size());
-    double worst = 0.0;  // max|a − b| / max(1, max|a|) over the tensors, for the record
-    for (const auto& [name, t] : a) {
-      const double diff = at::sub(t, b.at(name)).abs().max().item().toDouble();
-      const double scale = std::max(1.0, t.abs().max().item().toDouble());
-      EXPECT_LE(diff, 1e-5 * scale) << name;
-      worst = std::max(worst, diff / scale);
-    }
-    ::testing::Test::RecordProperty("max_rel_weight_diff", absl::StrCat(worst));
-    std::cout << "weights: max relative difference " << worst << "\n";
+    return testing::FinalWeights(ckpt, updates_);
   }
 
   // The world sizes of the committed records, in log order, without repeats.
@@ -304,7 +250,7 @@ TEST_F(ElasticTest, BelowMinWaitsVisiblyWithoutARollback) {
   EXPECT_EQ(waiting.progress().workers_available(), 2);
   const int64_t held = waiting.progress().optimizer_update_id();
   std::this_thread::sleep_for(std::chrono::seconds(2));
-  const v1::Job still = Get(*id);
+  const v1::Job still = GetJob(*id);
   EXPECT_EQ(still.progress().optimizer_update_id(), held);  // nothing trains below min
   EXPECT_EQ(still.state(), v1::RUNNING);
   ASSERT_TRUE(cluster_->StartWorker(*id).ok());

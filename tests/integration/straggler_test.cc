@@ -1,9 +1,12 @@
 // Straggler scores through real processes (issue 26, part 2): a worker slowed three times
 // (--debug-slow-factor, fault injection) is named by its scores in ListWorkers, GetJob and the
-// coordinator's trainstep_rank_score, and the others score as the fastest.
+// coordinator's trainstep_rank_score, and the others score as the fastest; with
+// stragglers.replace_below it is drained and a standby takes its rank, the weights unchanged.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <regex>
 #include <string>
@@ -11,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/cluster_test.h"
+#include "tests/integration/final_weights.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/observability/observability_util.h"
 
@@ -42,14 +46,10 @@ TEST_F(StragglerTest, ARankSlowedThreeTimesScoresAThird) {
   ASSERT_TRUE(job.ok()) << job.status() << cluster_->Logs();
   ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->message() << cluster_->Logs();
 
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::ListWorkersRequest req;
-  req.set_job_id(*id);
-  v1::ListWorkersResponse workers;
-  ASSERT_TRUE(cluster_->jobs()->ListWorkers(&ctx, req, &workers).ok());
+  const std::vector<v1::WorkerInfo> workers = Workers(*id);
+  ASSERT_EQ(workers.size(), 2u);
   std::string slow_id;
-  for (const v1::WorkerInfo& w : workers.workers()) {
+  for (const v1::WorkerInfo& w : workers) {
     std::cout << w.name() << ": " << w.score().ShortDebugString() << "\n";  // for the record
     ASSERT_TRUE(w.has_score()) << w.ShortDebugString();
     EXPECT_GE(w.score().windows(), 30) << w.ShortDebugString();
@@ -81,6 +81,77 @@ TEST_F(StragglerTest, ARankSlowedThreeTimesScoresAThird) {
                                      R"("\} ([0-9.e+-]+))"));
   ASSERT_TRUE(std::regex_search(*text, m, line)) << *text;
   EXPECT_DOUBLE_EQ(std::stod(m[1].str()), lowest);
+}
+
+// The job of the replacement test and its reference: kSpec's model and data, 60 updates,
+// the final weights checkpointed to `ckpt`, with `stragglers` (a JSON object) if not empty.
+std::string ReplaceSpec(const std::string& ckpt, const std::string& stragglers) {
+  return absl::StrCat(
+      R"({"seed":5,"model":{"mlp":{"hidden":512}},)",
+      R"("data":{"synthetic_regression":{"samples":4096,"in_features":256}},)",
+      R"("batch":{"micro_batch_size":32,"accumulation_steps":2},"workers":{"count":2},)",
+      R"("optimizer":{"sgd":{"lr":0.001,"momentum":0.9}},"stop":{"max_updates":60},)",
+      R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":1000,"keep_last":0})",
+      stragglers.empty() ? "" : R"(,"stragglers":)", stragglers, "}");
+}
+
+// Catches: a straggler never replaced, replaced without a standby, replaced mid-window (its
+// share lost), or replaced by a generation that re-initialises or rolls back the weights
+// instead of broadcasting them; and a drained worker that registers again or exits non-zero.
+TEST_F(StragglerTest, ASlowRankIsReplacedByAStandbyAndTheWeightsDoNotChange) {
+  const std::string ckpt = dir_ + "/ckpt";
+  absl::StatusOr<std::string> id = cluster_->Submit(ReplaceSpec(
+      ckpt, R"({"score_windows":5,"replace_below":0.6,"replace_after_windows":5})"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The two ranks wait before their first window until the standby is READY: a worker
+  // process takes seconds to start, and the job would be over before it got there.
+  const std::string hold = dir_ + "/hold";
+  std::ofstream(hold) << "held by the test\n";
+  const std::string hold_flag = absl::StrCat("--debug_hold_file=", hold);
+  ASSERT_TRUE(cluster_->StartWorker(*id, {"--name=fast", hold_flag}).ok());
+  ASSERT_TRUE(cluster_->StartWorker(*id, {"--name=slow", "--debug_slow_factor=3", hold_flag}).ok());
+  ASSERT_TRUE(WaitUntil(
+      *id, [](const v1::Job& j) { return j.progress().world_size() == 2; }, absl::Seconds(120)))
+      << cluster_->Logs();
+  ASSERT_TRUE(cluster_->StartWorker(*id, {"--name=standby"}).ok());
+  ASSERT_TRUE(WaitUntil(
+      *id, [&](const v1::Job&) { return CountWorkers(*id, v1::READY) == 1; }, absl::Seconds(120)))
+      << cluster_->Logs();
+  std::filesystem::remove(hold);
+
+  absl::StatusOr<v1::Job> job = cluster_->WaitForJob(*id, absl::Seconds(240));
+  ASSERT_TRUE(job.ok()) << job.status() << cluster_->Logs();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED) << job->message() << cluster_->Logs();
+  EXPECT_EQ(job->progress().generation(), 2) << "one replacement, nothing else";
+  EXPECT_EQ(job->progress().aborted(), 0) << "the replacement aborted a window";
+  // Every worker exits 0: the drained one because it was told to, not because it failed.
+  EXPECT_EQ(cluster_->WaitForWorkers(absl::Seconds(60)), (std::vector<int>{0, 0, 0}))
+      << cluster_->Logs();
+  for (const v1::WorkerInfo& w : Workers(*id)) {
+    std::cout << w.name() << ": " << v1::WorkerState_Name(w.state()) << " " << w.drained()
+              << "\n";  // for the record
+    if (w.name() == "slow") {
+      EXPECT_EQ(w.state(), v1::LOST);
+      EXPECT_NE(w.drained().find("below stragglers.replace_below 0.6"), std::string::npos)
+          << w.drained();
+      EXPECT_TRUE(w.replaced_by().empty()) << "a drained worker registered again";
+    } else {
+      EXPECT_TRUE(w.drained().empty()) << w.ShortDebugString();
+    }
+  }
+  EXPECT_NE(testing::ReadFile(dir_ + "/worker-1.log").find("drained by the coordinator"),
+            std::string::npos)
+      << cluster_->Logs();
+
+  // The same job without a straggler or a replacement: the same weights.
+  const std::string reference_ckpt = dir_ + "/ckpt-reference";
+  absl::StatusOr<std::string> reference = cluster_->Submit(ReplaceSpec(reference_ckpt, ""));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster_->StartWorker(*reference).ok());
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*reference, absl::Seconds(240));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  testing::ExpectSameWeights(testing::FinalWeights(reference_ckpt, 60),
+                             testing::FinalWeights(ckpt, 60));
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ TEST(FormatTest, WorkerStateText) {
   w.set_replaced_by("w-7");
   EXPECT_EQ(WorkerStateText(w), "LOST (replaced by w-7)");
   w.clear_replaced_by();
+  w.set_drained("a straggler: relative score 0.3 below stragglers.replace_below 0.5");
+  EXPECT_EQ(WorkerStateText(w), "LOST (drained: straggler)");  // it exits: nothing replaces it
+  w.clear_drained();
   w.set_state(static_cast<v1::WorkerState>(99));
   EXPECT_EQ(WorkerStateText(w), "UNKNOWN");
 }

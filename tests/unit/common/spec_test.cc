@@ -55,7 +55,7 @@ constexpr char kFull[] = R"({
   "stop": {"max_updates": 50, "epochs": 2},
   "checkpoint": {"dir": "/ckpt", "every_updates": 10, "keep_last": 0},
   "workers": {"count": 1024, "min": 3, "join_grace": "1.500s"},
-  "stragglers": {"score_windows": 7},
+  "stragglers": {"score_windows": 7, "replace_below": 0.5, "replace_after_windows": 3},
   "debug": {"nonfinite_grad_windows": [1, 7]}
 })";
 
@@ -163,6 +163,14 @@ TEST(SpecTest, FullSpecParsesAndResolvesUnchanged) {
   EXPECT_TRUE(MessageDifferencer::Equals(resolved, expected)) << resolved.DebugString();
 }
 
+// Catches: a replacement policy that drains after one slow window (or never) because its
+// streak length was left at 0 instead of following the smoothing it reads.
+TEST(SpecTest, ReplaceAfterWindowsFollowsScoreWindows) {
+  const v1::JobSpec s = Resolve(Text(R"("stragglers":{"score_windows":12,"replace_below":0.4})"));
+  EXPECT_EQ(s.stragglers().replace_below(), 0.4);
+  EXPECT_EQ(s.stragglers().replace_after_windows(), 12);
+}
+
 // A user who writes only model and data gets every documented default.
 TEST(SpecTest, MinimalSpecGetsEveryDefault) {
   const v1::JobSpec s = Resolve(kMinimal);
@@ -212,6 +220,8 @@ TEST(SpecTest, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(s.workers().min(), 1);  // min follows count: no elasticity unless asked
   EXPECT_EQ(s.workers().join_grace().seconds(), 30);
   EXPECT_EQ(s.stragglers().score_windows(), 20);
+  EXPECT_FALSE(s.stragglers().has_replace_below());  // never replaced unless asked
+  EXPECT_FALSE(s.stragglers().has_replace_after_windows());
   EXPECT_TRUE(s.debug().nonfinite_grad_windows().empty());
   EXPECT_TRUE(IsTokenLevel(s));
   EXPECT_EQ(GlobalBatchSamples(s), 8);
@@ -739,6 +749,16 @@ std::vector<RuleCase> RuleCases() {
        "stragglers.score_windows must be ≥ 1, got 0"},
       {"ScoreWindowsTooMany", Text(R"("stragglers":{"score_windows":10001})"),
        "stragglers.score_windows must be ≤ 10000, got 10001"},
+      // A replacement threshold no score can be below, or every score is below.
+      {"ReplaceBelowZero", Text(R"("stragglers":{"replace_below":0})"),
+       "stragglers.replace_below must be in (0, 1), got 0"},
+      {"ReplaceBelowOne", Text(R"("stragglers":{"replace_below":1})"),
+       "stragglers.replace_below must be in (0, 1), got 1"},
+      {"ReplaceAfterZero", Text(R"("stragglers":{"replace_below":0.5,"replace_after_windows":0})"),
+       "stragglers.replace_after_windows must be ≥ 1, got 0"},
+      // A streak length for a policy that is off: the user meant to turn it on.
+      {"ReplaceAfterWithoutBelow", Text(R"("stragglers":{"replace_after_windows":5})"),
+       "stragglers.replace_after_windows needs stragglers.replace_below"},
       // More workers than supported.
       {"WorkersTooMany", Text(R"("workers":{"count":1025})"),
        "workers.count must be ≤ 1024, got 1025"},

@@ -41,6 +41,7 @@ struct SpecOptions {
   std::string schedule;               // JSON object, "" = constant
   double lr = 0.1;                    // sgd
   std::optional<int64_t> eval_every;  // set: spec.eval with this every_updates
+  std::string stragglers;             // JSON object, "" = resolver defaults
 };
 
 inline std::string SpecJson(const SpecOptions& o) {
@@ -64,6 +65,7 @@ inline std::string SpecJson(const SpecOptions& o) {
     absl::StrAppend(&json, R"(,"eval":{"data":{"text":{"paths":["/held-out"]}},"every_updates":)",
                     *o.eval_every, "}");
   }
+  if (!o.stragglers.empty()) absl::StrAppend(&json, R"(,"stragglers":)", o.stragglers);
   if (!o.checkpoint_dir.empty()) {
     absl::StrAppend(&json, R"(,"checkpoint":{"dir":")", o.checkpoint_dir, "\"");
     if (o.every_updates) absl::StrAppend(&json, R"(,"every_updates":)", *o.every_updates);

@@ -112,5 +112,23 @@ TEST(RankScoresTest, FollowsTheWorkerAcrossRanks) {
   EXPECT_NEAR(scores.Find("b")->relative(), 0.5, 1e-12);
 }
 
+// The replacement streak counts scored windows in a row below the threshold and restarts at
+// the first one above it: catches a streak that keeps counting after the rank recovered (a
+// transient slowdown would then drain it) and one counted without a policy.
+TEST(RankScoresTest, WindowsBelowCountsTheStreakAndRestartsWhenTheRankRecovers) {
+  RankScores scores(/*window_count=*/1, /*below=*/0.5);
+  for (int w = 0; w < 3; ++w) scores.Observe({Rank("a", 0.1), Rank("b", 0.3)});
+  EXPECT_EQ(scores.Find("b")->windows_below(), 3);
+  EXPECT_EQ(scores.Find("a")->windows_below(), 0);
+  scores.Observe({Rank("a", 0.1), Rank("b", 0.1)});  // recovered
+  EXPECT_EQ(scores.Find("b")->windows_below(), 0);
+  scores.Observe({Rank("a", 0.1), Rank("b", 0.4)});
+  EXPECT_EQ(scores.Find("b")->windows_below(), 1);
+
+  RankScores no_policy(1);
+  for (int w = 0; w < 3; ++w) no_policy.Observe({Rank("a", 0.1), Rank("b", 0.3)});
+  EXPECT_EQ(no_policy.Find("b")->windows_below(), 0);
+}
+
 }  // namespace
 }  // namespace trainstep

@@ -2637,5 +2637,101 @@ TEST(StepMachineTest, ReportsWithoutPhasesAreNotScored) {
   for (const v1::WorkerInfo& w : sim.machine().Workers()) EXPECT_FALSE(w.has_score());
 }
 
+// --- stragglers.replace_below: a slow rank drained, a standby in its place ---
+
+// Two ranks, rank 1 three times slower, scored over one window and drained after three below
+// 0.5 (a spec for the tests below).
+SpecOptions ReplaceSlowRanks() {
+  SpecOptions o;
+  o.workers = 2;
+  o.max_updates = 20;
+  o.stragglers = R"({"score_windows":1,"replace_below":0.5,"replace_after_windows":3})";
+  return o;
+}
+
+std::vector<RankReport> RankOneThreeTimesSlower() {
+  std::vector<RankReport> reports = Reports(2);
+  reports[0].compute_seconds = 0.1;
+  reports[1].compute_seconds = 0.3;
+  return reports;
+}
+
+const v1::WorkerInfo* InfoOf(const std::vector<v1::WorkerInfo>& workers, const std::string& id) {
+  for (const v1::WorkerInfo& w : workers) {
+    if (w.worker_id() == id) return &w;
+  }
+  return nullptr;
+}
+
+// Catches: a straggler drained in the middle of a window (its reports thrown away), before its
+// streak is long enough, without a standby (the world would shrink), or replaced by a
+// generation that rolls back or re-initialises the weights instead of broadcasting them.
+TEST(StepMachineTest, ASlowRankIsDrainedAtAWindowBoundaryAndAStandbyTakesItsRank) {
+  SimulatedRanks sim(ResolvedSpec(ReplaceSlowRanks()));
+  sim.Start(2);
+  const std::string fast = sim.Ranks().at(0), slow = sim.Ranks().at(1);
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(sim.RunWindow(RankOneThreeTimesSlower()).outcome(), v1::COMMIT);
+  // Three windows below 0.5, but nobody to take its place: it stays.
+  EXPECT_EQ(sim.job().progress().rank_scores(1).windows_below(), 3);
+  EXPECT_EQ(sim.Ranks(), (std::vector<std::string>{fast, slow}));
+
+  const std::string standby = sim.Start(1).at(0);
+  const size_t before = sim.records().size();
+  const v1::BeginWindowRequest next_of_slow = sim.BeginRequest(1, 5, 10);
+  EXPECT_EQ(sim.RunWindow(RankOneThreeTimesSlower()).outcome(), v1::COMMIT);  // update 4
+  const std::vector<v1::WorkerInfo> workers = sim.machine().Workers();
+  const v1::WorkerInfo* drained = InfoOf(workers, slow);
+  ASSERT_NE(drained, nullptr);
+  EXPECT_EQ(drained->state(), v1::LOST);
+  EXPECT_THAT(drained->drained(), ::testing::HasSubstr("below stragglers.replace_below 0.5 for 4"));
+  // Told to exit, not to register again: its heartbeat is answered, with why.
+  absl::StatusOr<v1::HeartbeatResponse> told = sim.Heartbeat(slow);
+  ASSERT_TRUE(told.ok()) << told.status();
+  EXPECT_EQ(told->drained(), drained->drained());
+  EXPECT_FALSE(told->assigned());
+  EXPECT_EQ(CodeOf(sim.Begin(next_of_slow)), absl::StatusCode::kNotFound);
+
+  // The survivor says it applied update 4: the next generation takes the standby, seeded from
+  // the survivor, at the same update.
+  ASSERT_TRUE(sim.HeartbeatAs(fast, 4, /*idle_after=*/sim.generation()).ok());
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_THAT(formed[0].worker_ids(), ::testing::ElementsAre(fast, standby));
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 4);
+  EXPECT_EQ(formed[0].assignment().next_window_id(), 5);
+  EXPECT_FALSE(formed[0].rolled_back());
+  // No window was aborted for it.
+  EXPECT_EQ(sim.progress().aborted(), 0);
+  EXPECT_EQ(sim.RunWindow().record().world_size(), 2);
+
+  // Journaled: a replayed registry has the same workers (the drained one LOST, with its reason).
+  JobRegistry replayed(sim.options());
+  for (const v1::JournalRecord& r : sim.records()) ASSERT_TRUE(replayed.Apply(r).ok());
+  const std::vector<v1::WorkerInfo> again = (*replayed.Machine(sim.job_id()))->Workers();
+  ASSERT_NE(InfoOf(again, slow), nullptr);
+  EXPECT_EQ(InfoOf(again, slow)->drained(), drained->drained());
+  EXPECT_EQ(InfoOf(again, standby)->state(), v1::ACTIVE);
+}
+
+// Catches: a rank drained for a slow stretch it recovered from (the streak must be unbroken),
+// and a drain without the policy.
+TEST(StepMachineTest, ARankThatRecoversOrAJobWithoutThePolicyIsNotDrained) {
+  for (const bool policy : {true, false}) {
+    SpecOptions o = ReplaceSlowRanks();
+    if (!policy) o.stragglers = "";
+    SimulatedRanks sim(ResolvedSpec(o));
+    sim.Start(3);  // a standby from the start
+    ASSERT_EQ(sim.Ranks().size(), 2u);
+    const std::vector<std::string> ranks = sim.Ranks();
+    for (int w = 0; w < 8; ++w) {
+      std::vector<RankReport> reports = RankOneThreeTimesSlower();
+      if (policy && w % 3 == 2) reports[1].compute_seconds = 0.1;  // never three in a row
+      EXPECT_EQ(sim.RunWindow(reports).outcome(), v1::COMMIT);
+    }
+    EXPECT_EQ(sim.Ranks(), ranks) << (policy ? "recovering rank" : "no policy");
+  }
+}
+
 }  // namespace
 }  // namespace trainstep
