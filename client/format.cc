@@ -110,10 +110,15 @@ std::string ScoreCell(const v1::WorkerInfo& worker) {
 std::string RankScoreText(const v1::RankScore& score) {
   const v1::WindowPhases& p = score.phases();
   const auto seconds = [](double s) { return absl::FormatDuration(absl::Seconds(s)); };
+  // The replacement streak only when there is one (stragglers.replace_below).
+  const std::string below =
+      score.windows_below() > 0
+          ? absl::StrFormat(", %d in a row below stragglers.replace_below", score.windows_below())
+          : "";
   return absl::StrFormat(
-      "%s: relative %.2f, individual %.2f (%d windows); per window compute %s, data %s, "
+      "%s: relative %.2f, individual %.2f (%d windows%s); per window compute %s, data %s, "
       "all-reduce %s, waiting on the coordinator %s",
-      score.worker_id(), score.relative(), score.individual(), score.windows(),
+      score.worker_id(), score.relative(), score.individual(), score.windows(), below,
       seconds(p.compute_seconds()), seconds(p.data_seconds()), seconds(p.allreduce_seconds()),
       seconds(p.coordinator_seconds()));
 }

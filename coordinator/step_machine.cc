@@ -596,9 +596,9 @@ absl::Status StepMachine::LostError(const std::string& worker_id) const {
   // again (a new identity), which a refused dataset must not trigger. A drained worker's
   // rejoin finds its heartbeat answered with `drained` and exits instead.
   if (Drained(worker_id)) {
-    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " of ", job_id(),
-                                            " was drained: ",
-                                            membership_.Find(worker_id)->info.drained()));
+    return absl::NotFoundError(
+        absl::StrCat("worker ", worker_id, " of ", job_id(),
+                     " was drained: ", membership_.Find(worker_id)->info.drained()));
   }
   return absl::NotFoundError(absl::StrCat(
       "worker ", worker_id, " of ", job_id(), " was declared lost (no heartbeat within its ",
@@ -1403,11 +1403,11 @@ void StepMachine::MaybeReplaceStraggler(absl::Time now) {
   // generation takes the standby and is seeded by a survivor that holds the update, so the
   // weights do not change. The generation ends first, so begin reports sent ahead are
   // answered ABORTED without a log record, as when workers join.
-  const std::string reason = absl::StrCat(
-      "a straggler: relative score ", absl::SixDigits(worst.relative()),
-      " below stragglers.replace_below ", absl::SixDigits(policy.replace_below()), " for ",
-      worst.windows_below(), " scored windows in a row (rank ", worst.rank(),
-      "); a standby takes its place");
+  const std::string reason =
+      absl::StrCat("a straggler: relative score ", absl::SixDigits(worst.relative()),
+                   " below stragglers.replace_below ", absl::SixDigits(policy.replace_below()),
+                   " for ", worst.windows_below(), " scored windows in a row (rank ", worst.rank(),
+                   "); a standby takes its place");
   EndGeneration("straggler replaced", slowest, now);
   v1::JournalRecord record;
   v1::WorkerLost* lost = record.mutable_worker_lost();

@@ -65,7 +65,9 @@ class ElasticTest : public testing::ClusterTest {
     for (int i = 0; i < newcomers; ++i) ASSERT_TRUE(cluster_->StartWorker(job_id).ok());
     ASSERT_TRUE(WaitUntil(
         job_id,
-        [&](const v1::Job& j) { return CountWorkers(job_id, v1::READY) >= ready || IsTerminal(j.state()); },
+        [&](const v1::Job& j) {
+          return CountWorkers(job_id, v1::READY) >= ready || IsTerminal(j.state());
+        },
         absl::Seconds(120)))
         << cluster_->Logs();
     ASSERT_FALSE(IsTerminal(GetJob(job_id).state()))

@@ -64,6 +64,11 @@ TEST(FormatTest, ScoreCellAndRankScoreText) {
   EXPECT_EQ(RankScoreText(s),
             "w-2: relative 0.33, individual 0.98 (20 windows); per window compute 1.234s, data "
             "2ms, all-reduce 10ms, waiting on the coordinator 1ms");
+  s.set_windows_below(7);  // a replacement streak is shown
+  EXPECT_EQ(RankScoreText(s),
+            "w-2: relative 0.33, individual 0.98 (20 windows, 7 in a row below "
+            "stragglers.replace_below); per window compute 1.234s, data 2ms, all-reduce 10ms, "
+            "waiting on the coordinator 1ms");
 }
 
 // Catches: raw seconds ("80s"), zero-padded or sign-carrying durations.

@@ -124,7 +124,9 @@ void ExpectFullyResolved(const google::protobuf::Message& m, const std::string& 
       EXPECT_NE(r->GetEnumValue(m, f), 0) << at << " is unspecified";
     } else if (f->has_presence() && at != "clip.max_grad_norm" && at != "stop.max_updates" &&
                at != "stop.epochs" && at != "eval.max_batches" &&
-               at != "model.torchscript.vocab_size") {  // the model's own, read at load
+               at != "model.torchscript.vocab_size" &&  // the model's own, read at load
+               // Unset: no replacement policy (and its streak length only with it).
+               at != "stragglers.replace_below" && at != "stragglers.replace_after_windows") {
       EXPECT_TRUE(r->HasField(m, f)) << at << " has no default filled in";
     }
   }
@@ -758,7 +760,8 @@ std::vector<RuleCase> RuleCases() {
        "stragglers.replace_after_windows must be ≥ 1, got 0"},
       // A streak length for a policy that is off: the user meant to turn it on.
       {"ReplaceAfterWithoutBelow", Text(R"("stragglers":{"replace_after_windows":5})"),
-       "stragglers.replace_after_windows needs stragglers.replace_below"},
+       "stragglers.replace_after_windows needs stragglers.replace_below (the relative score a "
+       "rank must stay below to be replaced)"},
       // More workers than supported.
       {"WorkersTooMany", Text(R"("workers":{"count":1025})"),
        "workers.count must be ≤ 1024, got 1025"},
