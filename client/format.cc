@@ -96,8 +96,12 @@ std::string JobStateName(v1::JobState state) {
 std::string WorkerStateText(const v1::WorkerInfo& worker) {
   const std::string state =
       v1::WorkerState_IsValid(worker.state()) ? v1::WorkerState_Name(worker.state()) : "UNKNOWN";
-  // The whole drain reason belongs to `job events`; the table says only that it was drained.
-  if (!worker.drained().empty()) return absl::StrCat(state, " (drained: straggler)");
+  // The drain's reason starts with what it was ("straggler: …", "faulty: …"); the whole of it
+  // belongs to `job events`, the table says only which.
+  if (!worker.drained().empty()) {
+    const absl::string_view why = worker.drained();
+    return absl::StrCat(state, " (drained: ", why.substr(0, why.find(':')), ")");
+  }
   if (worker.replaced_by().empty()) return state;
   return absl::StrCat(state, " (replaced by ", worker.replaced_by(), ")");
 }

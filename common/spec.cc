@@ -159,6 +159,12 @@ constexpr int64_t kEvalEveryUpdates = 100;
 // Long enough that one slow window (a page-cache miss) makes no straggler, short enough to
 // see a slow node within a minute.
 constexpr int32_t kScoreWindows = kDefaultScoreWindows;
+// validate: Megatron-Core's rerun state machine's usual spike test, over a window long enough
+// for a stable mean and short enough to follow the loss curve; two transient faults before a
+// worker is drained (one may be a cosmic ray, two on one worker are a pattern).
+constexpr double kSpikeSigma = 6.0;
+constexpr int32_t kSpikeWindow = 50;
+constexpr int32_t kMaxSuspect = 2;
 }  // namespace defaults
 
 // ---------------------------------------------------------------------------------------
@@ -609,6 +615,39 @@ absl::Status ResolveStragglers(v1::JobSpec& out) {
   return IntInRange("stragglers.replace_after_windows", s.replace_after_windows(), 1, 10000);
 }
 
+absl::Status ResolveValidate(v1::JobSpec& out) {
+  v1::Validate& v = *out.mutable_validate();
+  std::map<int, int> seen;
+  for (int i = 0; i < v.rerun_on_size(); ++i) {
+    const std::string path = absl::StrCat("validate.rerun_on[", i, "]");
+    if (v.rerun_on(i) == v1::Validate::TRIGGER_UNSPECIFIED) {
+      return Invalid(absl::StrCat(path, " must be one of nonfinite, spike"));
+    }
+    auto [it, inserted] = seen.emplace(v.rerun_on(i), i);
+    if (!inserted) {
+      return Invalid(absl::StrCat(path, " must be unique, got ",
+                                  v1::Validate::Trigger_Name(v.rerun_on(i)),
+                                  " (also at validate.rerun_on[", it->second, "])"));
+    }
+  }
+  if (!v.has_spike_sigma()) v.set_spike_sigma(defaults::kSpikeSigma);
+  RETURN_IF_ERROR(DoubleInRange("validate.spike_sigma", v.spike_sigma(), 0, End::kOpen));
+  if (!v.has_spike_window()) v.set_spike_window(defaults::kSpikeWindow);
+  RETURN_IF_ERROR(IntInRange("validate.spike_window", v.spike_window(), 2, 100000));
+  if (!v.has_max_suspect()) v.set_max_suspect(defaults::kMaxSuspect);
+  RETURN_IF_ERROR(IntInRange("validate.max_suspect", v.max_suspect(), 1, 1000));
+  if (!v.has_skip_spikes()) v.set_skip_spikes(false);
+  // A re-run tells a fault from the data only if a healthy rank reproduces its first run bit
+  // for bit: the built-in models promise that (worker/README, "Finding the faulty rank"); a
+  // TorchScript model's ops are the user's, and may be nondeterministic.
+  if (!v.rerun_on().empty() && out.model().has_torchscript()) {
+    return Invalid(
+        "validate.rerun_on needs a built-in model (mlp, tiny_gpt): a TorchScript model's "
+        "operations may not reproduce bit for bit, and a re-run could not tell a fault from them");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveDebug(v1::JobSpec& out) {
   const v1::Debug& debug = *out.mutable_debug();
   std::map<int64_t, int> seen;
@@ -733,6 +772,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveCheckpoint(out));
   RETURN_IF_ERROR(ResolveWorkers(out));
   RETURN_IF_ERROR(ResolveStragglers(out));
+  RETURN_IF_ERROR(ResolveValidate(out));
   RETURN_IF_ERROR(ResolveDebug(out));
   RETURN_IF_ERROR(ResolveEval(out));
   return out;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/proto_json.h"
 #include "common/window_outcome.h"
@@ -30,6 +31,18 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
         absl::StrAppend(&text, " dropped=", r.dropped_tail().samples(), " (epoch ",
                         r.dropped_tail().epoch(), ", positions ", r.dropped_tail().first_position(),
                         "+)");
+      }
+      if (r.has_rerun()) {
+        // Which rank, or which data: the line a user greps for after a bad window.
+        const v1::Rerun& rr = r.rerun();
+        absl::StrAppend(&text, " rerun=", rr.cause(), ":", rr.verdict(), " rank=", rr.rank(), " (",
+                        rr.worker_id(), ")");
+        if (rr.verdict() == "transient") {
+          absl::StrAppend(&text, " ranks=", absl::StrJoin(rr.ranks(), ","), ": a fault on ",
+                          rr.worker_id(), ", marked suspect; its first run discarded");
+        } else if (!rr.sample_ids().empty()) {
+          absl::StrAppend(&text, " samples=", absl::StrJoin(rr.sample_ids(), ","));
+        }
       }
       std::string json = RecordToJson(r);
       json.insert(1, absl::StrCat("\"event\":\"window_ended\",\"training_job\":",

@@ -43,6 +43,11 @@ bool Membership::MarkLost(const std::string& worker_id, int64_t lost_ms) {
   return was_member;
 }
 
+void Membership::AddSuspect(const std::string& worker_id) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e != nullptr) e->info.set_suspect_count(e->info.suspect_count() + 1);
+}
+
 void Membership::MarkDrained(const std::string& worker_id, const std::string& reason) {
   WorkerEntry* e = FindMutable(worker_id);
   if (e != nullptr) e->info.set_drained(reason);

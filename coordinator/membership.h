@@ -48,6 +48,8 @@ class Membership {
   // Marks the worker lost at `lost_ms` (its record's time). Returns true if it was a rank of
   // the current generation, which then is broken: no window of it can end any more.
   bool MarkLost(const std::string& worker_id, int64_t lost_ms);
+  // A re-run found the worker's first run not reproduced (a transient fault on it).
+  void AddSuspect(const std::string& worker_id);
   // The lost worker was drained (WorkerLost.drained) for `reason`: it is told to exit.
   void MarkDrained(const std::string& worker_id, const std::string& reason);
   // The lost worker registered again as `by` (the registry's, from by's registration record).

@@ -41,7 +41,8 @@ struct ReasonSeries {
 constexpr ReasonSeries kReasonSeries[] = {
     {v1::SKIP, v1::WINDOW_REASON_OVERFLOW},       {v1::SKIP, v1::WINDOW_REASON_EMPTY_WINDOW},
     {v1::SKIP, v1::WINDOW_REASON_NONFINITE_LOSS}, {v1::ABORT, v1::WINDOW_REASON_DESYNC},
-    {v1::ABORT, v1::WINDOW_REASON_WORKER_LOST},
+    {v1::ABORT, v1::WINDOW_REASON_WORKER_LOST},   {v1::SKIP, v1::WINDOW_REASON_LOSS_SPIKE},
+    {v1::ABORT, v1::WINDOW_REASON_RERUN_INTERRUPTED},
 };
 
 // The `reason` label: the log's reason, lower-cased.
@@ -86,6 +87,12 @@ PrometheusMetrics::PrometheusMetrics()
                            .Name("trainstep_dropped_samples_total")
                            .Help("Samples left out by the epochs ended so far (batch.tail drop)")
                            .Register(*registry_)),
+      reruns_(BuildCounter()
+                  .Name("trainstep_window_reruns_total")
+                  .Help("Windows computed again before their decision (spec.validate), by "
+                        "verdict: persistent (the data or the model) or transient (a fault on "
+                        "a rank, which is marked suspect)")
+                  .Register(*registry_)),
       micro_step_id_(BuildGauge()
                          .Name("trainstep_micro_step_id")
                          .Help("Micro-batches of every committed or skipped window, all ranks")
@@ -218,6 +225,9 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
   updates_.Add(l);
   tokens_.Add(l);
   dropped_samples_.Add(l);
+  for (const char* verdict : {"persistent", "transient"}) {
+    reruns_.Add({{"training_job", job_id}, {"verdict", verdict}});
+  }
   for (const ReasonSeries& s : kReasonSeries) {
     (s.outcome == v1::SKIP ? skipped_ : aborted_)
         .Add({{"training_job", job_id}, {"reason", ReasonLabel(ReasonName(s.reason))}});
@@ -236,6 +246,7 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
   if (r.has_dropped_tail()) {
     dropped_samples_.Add(l).Increment(static_cast<double>(r.dropped_tail().samples()));
   }
+  if (r.has_rerun()) reruns_.Add({{"training_job", id}, {"verdict", r.rerun().verdict()}}).Increment();
   const v1::WindowOutcome outcome = OutcomeOf(r);
   if (outcome == v1::COMMIT) {
     updates_.Add(l).Increment();
@@ -284,6 +295,11 @@ void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
       updates_.Add(l).Increment(static_cast<double>(job.progress().windows_committed()));
       tokens_.Add(l).Increment(static_cast<double>(job.progress().cumulative_tokens()));
       dropped_samples_.Add(l).Increment(static_cast<double>(job.progress().dropped_samples()));
+      const int64_t transient = job.progress().reruns_transient();
+      reruns_.Add({{"training_job", job.job_id()}, {"verdict", "transient"}})
+          .Increment(static_cast<double>(transient));
+      reruns_.Add({{"training_job", job.job_id()}, {"verdict", "persistent"}})
+          .Increment(static_cast<double>(job.progress().reruns() - transient));
     }
   }
   for (const auto& [state, n] : by_state) jobs_.Add({{"state", state}}).Set(n);

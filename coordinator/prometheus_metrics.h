@@ -58,6 +58,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& auth_failures_;
   prometheus::Family<prometheus::Counter>& dropped_samples_;
+  prometheus::Family<prometheus::Counter>& reruns_;  // by verdict (spec.validate)
   prometheus::Family<prometheus::Gauge>& micro_step_id_;
   prometheus::Family<prometheus::Gauge>& loss_scale_;
   prometheus::Family<prometheus::Gauge>& learning_rate_;

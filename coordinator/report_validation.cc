@@ -125,6 +125,18 @@ absl::Status ValidateCompleteWindow(const v1::CompleteWindowRequest& req) {
       }
     }
   }
+  // A window is computed at most twice (spec.validate); a re-run names at most 4 samples.
+  if (absl::Status s = InRange(kRequest, "run", req.run(), 0, 2); !s.ok()) return s;
+  if (absl::Status s = InRange(kRequest, "sample_losses size", req.sample_losses_size(), 0, 4);
+      !s.ok()) {
+    return s;
+  }
+  for (const v1::SampleLoss& s : req.sample_losses()) {
+    if (absl::Status st = InRange(kRequest, "sample_losses.sample_id", s.sample_id(), 0, kMaxUnits);
+        !st.ok()) {
+      return st;
+    }
+  }
   if (req.has_next()) return ValidateNextBegin(req);
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/container/flat_hash_set.h"
@@ -65,6 +66,10 @@ void StepMachine::OutcomeCounts::Add(const v1::UpdateRecord& r) {
     default:
       ++aborted;
       break;
+  }
+  if (r.has_rerun()) {
+    ++reruns;
+    if (r.rerun().verdict() == "transient") ++reruns_transient;
   }
 }
 
@@ -341,6 +346,9 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
   const v1::UpdateRecord& r = d.record();
   updates_.push_back(r);
   counts_.Add(r);
+  if (r.rerun().verdict() == "transient") {
+    for (const std::string& id : r.rerun().worker_ids()) membership_.AddSuspect(id);
+  }
   recent_decisions_.push_back(d);
   if (recent_decisions_.size() > options_.recent_decisions) {
     recent_decisions_.erase(recent_decisions_.begin());
@@ -459,6 +467,8 @@ v1::Job StepMachine::Job() const {
   p->set_windows_committed(counts_.committed);
   p->set_windows_skipped(counts_.skipped);
   p->set_windows_aborted(counts_.aborted);
+  p->set_reruns(counts_.reruns);
+  p->set_reruns_transient(counts_.reruns_transient);
   p->set_last_loss(counts_.last_loss);
   p->set_epoch(EpochOf(last_window_ + 1));
   p->set_micro_step_id(micro_step_id_);
@@ -989,6 +999,28 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::ReportComplete(
   }
   ASSIGN_OR_RETURN(Attempt * attempt, AttemptFor(req.window_id()));
   RETURN_IF_ERROR(CheckBeginBarrierPassed(*attempt, req));
+  const int32_t run = std::max(1, req.run());
+  if (run < attempt->run) {
+    // A first run's report, repeated or late, after the re-run was asked: ask again.
+    answer.ready = true;
+    answer.response.set_rerun(attempt->run);
+    return answer;
+  }
+  if (run > attempt->run) {
+    // A re-run this coordinator never asked for: the one that did restarted, and the first
+    // run's reports (not journaled) are gone. Nothing was applied: the window is retried.
+    if (run > 2 || !job_.spec().validate().rerun_on_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run ", run, " of window ", req.window_id(), " was never asked for"));
+    }
+    AbortInFlight(v1::WINDOW_REASON_RERUN_INTERRUPTED, now);
+    MaybeFormGeneration(now);
+    const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
+    if (d == nullptr) return absl::AbortedError("the window was aborted: rejoin");
+    answer.ready = true;
+    *answer.response.mutable_decision() = *d;
+    return answer;
+  }
   if (!attempt->has_any_report()) attempt->first_report = now;
   // The report carries n_r, so it also stands for a BeginWindow report that a restarted
   // coordinator never saw. Idempotent per rank: it never counts twice.
@@ -1015,8 +1047,12 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::ReportComplete(
   const bool all = attempt->completes_reported == static_cast<int32_t>(attempt->complete.size());
   if (!all || !BarrierReady(*attempt)) return answer;
   DecideWindow(*attempt, now);
-  const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
   answer.ready = true;
+  const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
+  if (d == nullptr) {  // not decided: every rank computes it again first
+    answer.response.set_rerun(attempt->run);
+    return answer;
+  }
   *answer.response.mutable_decision() = *d;
   return answer;
 }
@@ -1176,10 +1212,10 @@ v1::UpdateRecord StepMachine::BaseRecord(int64_t window_id) const {
   return r;
 }
 
-void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
+void StepMachine::DecideWindow(Attempt& attempt, absl::Time now) {
   const size_t world = attempt.complete.size();
   const v1::CompleteWindowRequest& first = *attempt.complete[0];
-  {
+  const auto observe_speed = [&] {
     // Every rank reported the window: how fast each computed its share (straggler scores).
     std::vector<RankScores::Sample> samples(world);
     for (size_t rank = 0; rank < world; ++rank) {
@@ -1187,7 +1223,7 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
       samples[rank] = {c.worker_id(), c.has_phases() ? c.valid_units() : 0, c.phases()};
     }
     scores_.Observe(samples);
-  }
+  };
   int64_t units = 0, micro_steps = 0;
   double loss_sum = 0.0;
   size_t inf_ranks = 0;
@@ -1234,6 +1270,7 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
     d.set_outcome(v1::ABORT);
     SetReason(&d, v1::WINDOW_REASON_DESYNC);
     r->set_grad_norm_post_clip(0.0);
+    observe_speed();
     EndWindow(std::move(d), now);
     if (terminal()) return;
     if (consecutive_desyncs_ >= options_.max_consecutive_desyncs) {
@@ -1259,7 +1296,123 @@ void StepMachine::DecideWindow(const Attempt& attempt, absl::Time now) {
   } else {
     d.set_outcome(v1::COMMIT);
   }
+  if (attempt.run == 1) {
+    if (std::optional<std::string> cause = RerunCause(d)) {
+      AskRerun(attempt, *cause);
+      return;
+    }
+  } else {
+    AttributeRerun(attempt, &d);
+  }
+  observe_speed();
   EndWindow(std::move(d), now);
+}
+
+std::optional<std::string> StepMachine::RerunCause(const v1::WindowDecision& d) const {
+  const v1::Validate& v = job_.spec().validate();
+  const auto on = [&v](v1::Validate::Trigger t) {
+    return std::find(v.rerun_on().begin(), v.rerun_on().end(), t) != v.rerun_on().end();
+  };
+  // Non-finite gradients are an overflow the scaler expects only with a scaler.
+  const bool nonfinite =
+      d.reason_code() == v1::WINDOW_REASON_NONFINITE_LOSS ||
+      (d.reason_code() == v1::WINDOW_REASON_OVERFLOW && !scaler_config_.enabled);
+  if (nonfinite && on(v1::Validate::nonfinite)) return "nonfinite";
+  if (d.outcome() == v1::COMMIT && on(v1::Validate::spike) && IsSpike(d.record().loss())) {
+    return "spike";
+  }
+  return std::nullopt;
+}
+
+bool StepMachine::IsSpike(double loss) const {
+  const v1::Validate& v = job_.spec().validate();
+  const size_t n = static_cast<size_t>(v.spike_window());
+  double sum = 0.0, sum_sq = 0.0;
+  size_t seen = 0;
+  for (auto it = updates_.rbegin(); it != updates_.rend() && seen < n; ++it) {
+    if (OutcomeOf(*it) != v1::COMMIT) continue;
+    sum += it->loss();
+    sum_sq += it->loss() * it->loss();
+    ++seen;
+  }
+  if (seen < n) return false;
+  const double mean = sum / static_cast<double>(n);
+  const double sigma = std::sqrt(std::max(0.0, sum_sq / static_cast<double>(n) - mean * mean));
+  return loss > mean + v.spike_sigma() * sigma;
+}
+
+void StepMachine::AskRerun(Attempt& attempt, const std::string& cause) {
+  attempt.first_run = std::move(attempt.complete);
+  attempt.complete.assign(attempt.first_run.size(), std::nullopt);
+  attempt.completes_reported = 0;
+  attempt.run = 2;
+  attempt.rerun_cause = cause;
+  ++version_;  // the ranks waiting for the decision are answered: compute the window again
+}
+
+namespace {
+
+// Bit for bit, except that any NaN equals any NaN (its payload says nothing of the data).
+bool SameBits(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  uint64_t x, y;
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  return x == y;
+}
+
+// Whether a rank's second run reproduced its first: its loss, units and local gradient.
+bool Reproduced(const v1::CompleteWindowRequest& first, const v1::CompleteWindowRequest& again) {
+  return SameBits(first.loss_sum(), again.loss_sum()) &&
+         first.valid_units() == again.valid_units() &&
+         first.has_grad_checksum() == again.has_grad_checksum() &&
+         first.grad_checksum() == again.grad_checksum();
+}
+
+// How much a rank's share weighs in a bad window: a non-finite loss above any finite one.
+double LossWeight(const v1::CompleteWindowRequest& c) {
+  if (!std::isfinite(c.loss_sum())) return std::numeric_limits<double>::infinity();
+  return c.valid_units() > 0 ? c.loss_sum() / static_cast<double>(c.valid_units()) : 0.0;
+}
+
+}  // namespace
+
+void StepMachine::AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) const {
+  v1::Rerun* rerun = d->mutable_record()->mutable_rerun();
+  rerun->set_cause(attempt.rerun_cause);
+  for (size_t rank = 0; rank < attempt.complete.size(); ++rank) {
+    if (!Reproduced(*attempt.first_run[rank], *attempt.complete[rank])) {
+      rerun->add_ranks(static_cast<int32_t>(rank));
+      rerun->add_worker_ids(attempt.complete[rank]->worker_id());
+    }
+  }
+  if (rerun->ranks_size() > 0) {
+    // Its first run is discarded: the window is decided on the second, as a retry.
+    rerun->set_verdict("transient");
+    rerun->set_rank(rerun->ranks(0));
+    rerun->set_worker_id(rerun->worker_ids(0));
+    return;
+  }
+  rerun->set_verdict("persistent");
+  size_t worst = 0;
+  for (size_t rank = 1; rank < attempt.complete.size(); ++rank) {
+    if (LossWeight(*attempt.complete[rank]) > LossWeight(*attempt.complete[worst])) worst = rank;
+  }
+  const v1::CompleteWindowRequest& c = *attempt.complete[worst];
+  rerun->set_rank(static_cast<int32_t>(worst));
+  rerun->set_worker_id(c.worker_id());
+  // Its samples whose loss dominates: the non-finite ones and those within half the worst.
+  for (const v1::SampleLoss& s : c.sample_losses()) {
+    const double top = c.sample_losses(0).loss();  // the worst: reported first
+    if (!std::isfinite(s.loss()) || (std::isfinite(top) && s.loss() >= 0.5 * top)) {
+      rerun->add_sample_ids(s.sample_id());
+    }
+  }
+  if (attempt.rerun_cause == "spike" && job_.spec().validate().skip_spikes() &&
+      d->outcome() == v1::COMMIT) {
+    d->set_outcome(v1::SKIP);
+    SetReason(d, v1::WINDOW_REASON_LOSS_SPIKE);
+  }
 }
 
 void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
@@ -1351,6 +1504,7 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   MaybeFinish(now);
   MaybeEndEmptyWindow(now);
   MaybeGrow(now);
+  MaybeDrainSuspect(now);
   MaybeReplaceStraggler(now);
 }
 
@@ -1373,6 +1527,32 @@ bool StepMachine::Drained(const std::string& worker_id) const {
   return w != nullptr && !w->info.drained().empty();
 }
 
+bool StepMachine::StandbyReady() const {
+  const std::vector<std::string> standbys = membership_.Standbys();
+  return std::any_of(standbys.begin(), standbys.end(),
+                     [this](const std::string& id) { return !membership_.Find(id)->detached; });
+}
+
+void StepMachine::MaybeDrainSuspect(absl::Time now) {
+  const v1::Validate& v = job_.spec().validate();
+  if (v.rerun_on().empty() || terminal() || !membership_.generation_live() ||
+      eval_due_.has_value() || StopReachedAfter(last_window_, update_id_)) {
+    return;
+  }
+  // A standby takes its rank, or the job goes on one rank smaller (elastic): a worker that
+  // computes wrong costs more than a missing one. Below workers.min it stays, and is logged.
+  if (!StandbyReady() && membership_.world_size() - 1 < job_.spec().workers().min()) return;
+  for (const std::string& id : membership_.Survivors()) {
+    const int32_t faults = membership_.Find(id)->info.suspect_count();
+    if (faults < v.max_suspect()) continue;
+    Drain(id, "faulty worker drained",
+          absl::StrCat("faulty: a re-run found its first run not reproduced in ", faults,
+                       " windows (validate.max_suspect ", v.max_suspect(), ")"),
+          now);
+    return;
+  }
+}
+
 void StepMachine::MaybeReplaceStraggler(absl::Time now) {
   const v1::Stragglers& policy = job_.spec().stragglers();
   if (!policy.has_replace_below() || terminal() || !membership_.generation_live() ||
@@ -1381,11 +1561,7 @@ void StepMachine::MaybeReplaceStraggler(absl::Time now) {
   }
   // Only with a standby to take its place: draining alone would shrink the world (or stop
   // the job below workers.min), which costs more than a slow rank does.
-  const std::vector<std::string> standbys = membership_.Standbys();
-  if (std::none_of(standbys.begin(), standbys.end(),
-                   [this](const std::string& id) { return !membership_.Find(id)->detached; })) {
-    return;
-  }
+  if (!StandbyReady()) return;
   // The rank longest below the threshold, if its streak is long enough: one per boundary.
   std::string slowest;
   v1::RankScore worst;
@@ -1399,20 +1575,25 @@ void StepMachine::MaybeReplaceStraggler(absl::Time now) {
     }
   }
   if (slowest.empty()) return;
-  // At a window boundary, like a grow: the members finish applying this decision, the next
-  // generation takes the standby and is seeded by a survivor that holds the update, so the
-  // weights do not change. The generation ends first, so begin reports sent ahead are
-  // answered ABORTED without a log record, as when workers join.
-  const std::string reason =
-      absl::StrCat("a straggler: relative score ", absl::SixDigits(worst.relative()),
-                   " below stragglers.replace_below ", absl::SixDigits(policy.replace_below()),
-                   " for ", worst.windows_below(), " scored windows in a row (rank ", worst.rank(),
-                   "); a standby takes its place");
-  EndGeneration("straggler replaced", slowest, now);
+  Drain(slowest, "straggler replaced",
+        absl::StrCat("straggler: relative score ", absl::SixDigits(worst.relative()),
+                     " below stragglers.replace_below ", absl::SixDigits(policy.replace_below()),
+                     " for ", worst.windows_below(), " scored windows in a row (rank ",
+                     worst.rank(), "); a standby takes its place"),
+        now);
+}
+
+void StepMachine::Drain(const std::string& worker_id, const std::string& why,
+                        const std::string& reason, absl::Time now) {
+  // At a window boundary, like a grow: the members finish applying this decision, and the
+  // next generation is seeded by a survivor that holds the update, so the weights do not
+  // change. The generation ends first, so begin reports sent ahead are answered ABORTED
+  // without a log record, as when workers join.
+  EndGeneration(why, worker_id, now);
   v1::JournalRecord record;
   v1::WorkerLost* lost = record.mutable_worker_lost();
   lost->set_job_id(job_id());
-  lost->set_worker_id(slowest);
+  lost->set_worker_id(worker_id);
   lost->set_reason(reason);
   lost->set_drained(true);
   Emit(std::move(record), now);

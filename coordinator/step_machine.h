@@ -168,6 +168,11 @@ class StepMachine {
     int32_t units_reported = 0;
     int32_t completes_reported = 0;
     int64_t total_units = 0;  // Σ n_r reported so far
+    // spec.validate: the run the ranks report (1; 2 once the coordinator asked for a re-run),
+    // why it asked, and the first run's reports by rank while the second is computed.
+    int32_t run = 1;
+    std::string rerun_cause;
+    std::vector<std::optional<v1::CompleteWindowRequest>> first_run;
     bool has_any_report() const { return units_reported > 0; }
   };
 
@@ -213,7 +218,19 @@ class StepMachine {
   v1::BeginWindowResponse BarrierResponse(const Attempt& attempt) const;
   // Completes the decision's record (ids, scaler, checkpoint, stop) and journals it.
   void EndWindow(v1::WindowDecision decision, absl::Time now);
-  void DecideWindow(const Attempt& attempt, absl::Time now);
+  void DecideWindow(Attempt& attempt, absl::Time now);
+  // spec.validate: why a first run's decision `d` is suspicious enough to compute the window
+  // again ("nonfinite", "spike"), or nullopt.
+  std::optional<std::string> RerunCause(const v1::WindowDecision& d) const;
+  // Whether `loss` lies above mean + spike_sigma·σ of the last spike_window committed losses
+  // (false until there are that many).
+  bool IsSpike(double loss) const;
+  // Keeps the first run's reports and asks every rank for a second run (their pending
+  // reports are answered `rerun`). Not journaled: a restart in between retries the window.
+  void AskRerun(Attempt& attempt, const std::string& cause);
+  // After the second run: the verdict (Rerun) on `d`'s record; a reproducible spike is
+  // skipped under validate.skip_spikes.
+  void AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) const;
   void AbortInFlight(v1::WindowReason reason, absl::Time now);
   // Ends the next window at its barrier when it has nothing to train (N = 0).
   void MaybeEndEmptyWindow(absl::Time now);
@@ -228,6 +245,15 @@ class StepMachine {
   // stayed below the threshold for replace_after_windows scored windows, when a standby is
   // ready to take its rank; the generation ends and the next one forms with the standby.
   void MaybeReplaceStraggler(absl::Time now);
+  // At a window boundary (validate.max_suspect): drains a rank found faulty that many times,
+  // when a standby can take its rank or workers.min lets the job go on without it.
+  void MaybeDrainSuspect(absl::Time now);
+  // Ends the generation after this window (naming `worker_id`, for `why`), journals the worker
+  // drained (LOST, told to exit) for `reason`, and forms the next generation without it.
+  void Drain(const std::string& worker_id, const std::string& why, const std::string& reason,
+             absl::Time now);
+  // A READY standby not known to be dead.
+  bool StandbyReady() const;
   // The worker was drained: its heartbeats are answered (with why) so that it exits.
   bool Drained(const std::string& worker_id) const;
   absl::Duration JoinGrace() const;  // spec.workers.join_grace
@@ -287,6 +313,7 @@ class StepMachine {
   std::vector<v1::UpdateRecord> updates_;
   struct OutcomeCounts {  // derived from updates_, kept so Job() is O(1)
     int64_t committed = 0, skipped = 0, aborted = 0;
+    int64_t reruns = 0, reruns_transient = 0;
     double last_loss = 0.0;
     void Add(const v1::UpdateRecord& r);
   } counts_;

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -10,11 +12,37 @@
 
 namespace trainstep {
 
-void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, Replica& replica) const {
-  if (ChangesGradientsBeforeAllReduce(window_id, rank)) replica.InjectNonFinite();
+void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, int32_t run,
+                                 Replica& replica) const {
+  const bool flip = options_.flip_grad_window == window_id && run == 1;
+  if (flip) {
+    LogWarning(absl::StrCat("--debug-flip-grad-window: +inf into this rank's gradient in window ",
+                            window_id, " (first run)"));
+  }
+  if (flip || InjectsNonFinite(window_id, rank)) replica.InjectNonFinite();
 }
 
 bool FaultHooks::ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const {
+  return options_.flip_grad_window == window_id || InjectsNonFinite(window_id, rank);
+}
+
+double FaultHooks::AfterMicroSteps(int64_t window_id, int32_t run, double loss_sum) const {
+  if (options_.flip_loss_window != window_id || run != 1) return loss_sum;
+  LogWarning(absl::StrCat("--debug-flip-loss-window: a NaN loss in window ", window_id,
+                          " (first run)"));
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+void FaultHooks::PoisonSamples(const std::vector<int64_t>& ids, data::MicroBatch& batch) const {
+  if (options_.poison_sample < 0 || batch.feature_dim == 0) return;
+  for (size_t row = 0; row < ids.size(); ++row) {
+    if (ids[row] != options_.poison_sample) continue;
+    std::fill_n(batch.features.begin() + static_cast<std::ptrdiff_t>(row * batch.feature_dim),
+                batch.feature_dim, 1e30f);
+  }
+}
+
+bool FaultHooks::InjectsNonFinite(int64_t window_id, int32_t rank) const {
   if (rank != 0) return false;
   for (int64_t w : debug_.nonfinite_grad_windows()) {
     if (w == window_id) return true;

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "trainstep/v1/spec.pb.h"
+#include "worker/data/collate.h"
 #include "worker/replica.h"
 
 namespace trainstep {
@@ -25,15 +27,24 @@ struct FaultOptions {
   std::string hold_file;
   // Test-only: this worker computes this many times slower (a straggler); 1 = not slowed.
   double slow_factor = 1.0;
+  // Test-only transient faults, in this window's first run only (a re-run computes it right):
+  // +inf into one element of this rank's local gradient before the all-reduce, or a NaN loss.
+  int64_t flip_grad_window = 0;
+  int64_t flip_loss_window = 0;
+  // Test-only persistent fault: this sample's features are poisoned (1e30) whenever this
+  // worker collates it, so its loss is non-finite in every run (sample-level data only).
+  int64_t poison_sample = -1;
 };
 
 class FaultHooks {
  public:
   FaultHooks(const v1::Debug& debug, FaultOptions options) : debug_(debug), options_(options) {}
 
-  // After the window's micro-steps, before the all-reduce: spec.debug.nonfinite_grad_windows
-  // puts +inf into rank 0's gradient, so every rank sees the overflow after the SUM.
-  void BeforeAllReduce(int64_t window_id, int32_t rank, Replica& replica) const;
+  // After the window's micro-steps (run `run` of it), before the all-reduce:
+  // spec.debug.nonfinite_grad_windows puts +inf into rank 0's gradient (every run), and
+  // --debug-flip-grad-window into this rank's (the first run only); every rank sees the
+  // overflow after the SUM.
+  void BeforeAllReduce(int64_t window_id, int32_t rank, int32_t run, Replica& replica) const;
   // Whether BeforeAllReduce changes a gradient in that window on that rank: such a window
   // all-reduces after backward, not overlapped with it (no bucket may leave before it acts).
   bool ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const;
@@ -41,6 +52,12 @@ class FaultHooks {
   // nudges only this rank's gradient, so its reported norm differs (a desync). Before the SUM
   // every rank would get the same nudge.
   void AfterAllReduce(int64_t window_id, double loss_scale, Replica& replica) const;
+  // The rank's loss of run `run` of a window, as reported: --debug-flip-loss-window makes the
+  // first run's NaN (a flipped bit in a reduction), the gradients untouched.
+  double AfterMicroSteps(int64_t window_id, int32_t run, double loss_sum) const;
+  // A micro-batch of samples `ids`, just collated: --debug-poison-sample overwrites that
+  // sample's features with 1e30 (bad data: the same in every run).
+  void PoisonSamples(const std::vector<int64_t>& ids, data::MicroBatch& batch) const;
   // In the evaluation of `update_id`, before reporting it: --debug-exit-in-eval exits (code 3).
   void InEval(int64_t update_id) const;
   // Before window `window_id` starts: --debug-hold-file waits while its file exists. Bounded,
@@ -52,6 +69,9 @@ class FaultHooks {
   absl::Duration AfterMicroStep(absl::Duration compute) const;
 
  private:
+  // spec.debug.nonfinite_grad_windows names this window, and this is rank 0.
+  bool InjectsNonFinite(int64_t window_id, int32_t rank) const;
+
   v1::Debug debug_;
   FaultOptions options_;
 };

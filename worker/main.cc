@@ -74,6 +74,14 @@ ABSL_FLAG(std::string, debug_hold_file, "",
 ABSL_FLAG(double, debug_slow_factor, 1.0,
           "TEST ONLY: this worker computes this many times slower (it sleeps after each "
           "micro-step for (factor - 1) times the micro-step's time): a straggler, 1 = not slowed");
+ABSL_FLAG(int64_t, debug_flip_grad_window, 0,
+          "TEST ONLY: in that window's first run, +inf into one element of this worker's local "
+          "gradient before the all-reduce (a transient fault; spec.validate re-runs the window)");
+ABSL_FLAG(int64_t, debug_flip_loss_window, 0,
+          "TEST ONLY: in that window's first run, report a NaN loss (a transient fault)");
+ABSL_FLAG(int64_t, debug_poison_sample, -1,
+          "TEST ONLY: overwrite that sample's features with 1e30 whenever this worker reads it "
+          "(bad data: a persistent fault; synthetic_regression data only)");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,
@@ -204,6 +212,9 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--debug-slow-factor must be between 1 and 100, got ", options.faults.slow_factor));
   }
+  options.faults.flip_grad_window = absl::GetFlag(FLAGS_debug_flip_grad_window);
+  options.faults.flip_loss_window = absl::GetFlag(FLAGS_debug_flip_loss_window);
+  options.faults.poison_sample = absl::GetFlag(FLAGS_debug_poison_sample);
   options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));

@@ -192,6 +192,19 @@ std::vector<at::Tensor> Replica::BucketGradients() {
   return grads;
 }
 
+uint64_t Replica::GradientChecksum() {
+  uint64_t hash = 14695981039346656037ULL;  // FNV-1a 64 offset basis
+  for (const at::Tensor& g : Gradients()) {
+    const at::Tensor host = g.to(at::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+    for (size_t i = 0, n = host.nbytes(); i < n; ++i) {
+      hash ^= bytes[i];
+      hash *= 1099511628211ULL;  // FNV-1a 64 prime
+    }
+  }
+  return hash;
+}
+
 void Replica::InjectNonFinite() {
   at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
   g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());

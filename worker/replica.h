@@ -76,6 +76,9 @@ class Replica {
   // parameter's gradient accumulator); if not, gradient_hooks_missing() says why.
   bool gradient_hooks() const { return !accumulators_.empty(); }
   const std::string& gradient_hooks_missing() const { return hooks_missing_; }
+  // A checksum of the bytes of every trainable gradient (FNV-1a, in parameter order): two runs
+  // of a window agree on it iff their local gradients are bitwise equal (spec.validate).
+  uint64_t GradientChecksum();
   // Fault injection (debug.nonfinite_grad_windows): +inf into one gradient element.
   void InjectNonFinite();
   // Test-only desync: nudges one gradient element so this rank's norm differs.

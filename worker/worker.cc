@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <utility>
 
@@ -147,6 +148,10 @@ absl::Status Worker::Setup() {
         return AckCheckpoint(meta, path);
       });
   if (spec_.precision() == v1::JobSpec::bf16 && !device_.is_cuda()) LogBf16Notice(options_.cpu);
+  if (absl::Status s = PromiseReproducibleWindows(); !s.ok()) {
+    Fail(s);
+    return s;
+  }
 
   // Heartbeats start before the (possibly long) model and data loads, so the lease holds
   // meanwhile.
@@ -199,6 +204,32 @@ absl::Status Worker::Setup() {
   }
   LogInfo(absl::StrCat(dataset_->size(), " samples (fingerprint ", dataset_->fingerprint(), "), ",
                        planner_->windows_per_epoch(), " windows per epoch"));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::PromiseReproducibleWindows() {
+  if (options_.faults.poison_sample >= 0 && IsTokenLevel(spec_)) {
+    return absl::InvalidArgumentError(
+        "--debug-poison-sample needs sample-level data (synthetic_regression)");
+  }
+  if (!Validates()) return absl::OkStatus();
+  // On CPU a window's kernels, threads and reduction order are those of its first run (the
+  // built-in models draw no random numbers). On CUDA cuBLAS and some kernels pick algorithms
+  // that are not deterministic unless told.
+  if (!device_.is_cuda()) return absl::OkStatus();
+  const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  const std::string ws = workspace == nullptr ? "" : workspace;
+  if (ws != ":4096:8" && ws != ":16:8") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.validate needs windows that reproduce bit for bit, and on CUDA cuBLAS does that "
+        "only with a fixed workspace: start the worker with CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+        "(or :16:8), got ",
+        ws.empty() ? "none" : ws));
+  }
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+  LogInfo("spec.validate: deterministic CUDA algorithms on, so a re-run reproduces a window");
   return absl::OkStatus();
 }
 
@@ -380,8 +411,53 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     begun_with_ = answered_by;
   }
   auto end_resend = absl::MakeCleanup([this] { EndBeginResend(); });  // on every way out
-  const double scale = b->loss_scale();
-  MicroStepTimes total_times;
+  // The window, and once more if the coordinator finds it suspicious (spec.validate): the
+  // same weights, data and loss scale, to tell a fault on a rank from the data.
+  ASSIGN_OR_RETURN(WindowRun run, ComputeWindow(a, window_id, /*run=*/1, micro_batches, *b));
+  absl::StatusOr<v1::CompleteWindowResponse> c =
+      ReportWindow(a, window_id, units, micro_batches, run, next);
+  if (c.ok() && c->rerun() == 2 && !c->has_decision()) {
+    LogWarning(absl::StrCat("window ", window_id,
+                            " looks suspicious to the coordinator: computing it again before "
+                            "its decision (spec.validate)"));
+    replica_->ZeroGrad();
+    ASSIGN_OR_RETURN(run, ComputeWindow(a, window_id, /*run=*/2, micro_batches, *b));
+    ASSIGN_OR_RETURN(run.sample_losses, SampleLosses(micro_batches));
+    c = ReportWindow(a, window_id, units, micro_batches, run, next);
+  }
+  if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
+  if (!c->has_decision()) {
+    return absl::InternalError(absl::StrCat("the coordinator answered run ", run.number,
+                                            " of window ", window_id,
+                                            " with neither a decision nor a re-run"));
+  }
+  const v1::WindowDecision& d = c->decision();
+  ApplyDecision(d);
+  if (d.outcome() != v1::ABORT) applied_window_ = window_id;
+  if (next.has_value() && c->has_next() && d.outcome() != v1::ABORT) {
+    next->answer = c->next();
+    next->answered_by = link_->Snapshot().coordinator_id;
+    next_begin_ = std::move(next);
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->AddMicroSteps(static_cast<int64_t>(micro_batches.size()));
+    options_.metrics->AddAllReduce(run.reduced.calls, run.reduced.bytes);
+    if (d.outcome() == v1::COMMIT) options_.metrics->AddTokens(units);
+    options_.metrics->ObservePhase("forward", run.times.forward_seconds);
+    options_.metrics->ObservePhase("backward", run.times.backward_seconds);
+    options_.metrics->ObservePhase("allreduce", run.reduce_seconds);
+    if (run.overlapped_seconds.has_value()) {
+      options_.metrics->ObservePhase("allreduce_overlapped", *run.overlapped_seconds);
+    }
+  }
+  return d;
+}
+
+absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
+    const v1::Assignment& a, int64_t window_id, int32_t run_number,
+    const std::vector<std::vector<int64_t>>& micro_batches, const v1::BeginWindowResponse& b) {
+  const double scale = b.loss_scale();
+  WindowRun run;
   // The window's one synchronisation: bucketed all-reduce (SUM) of the accumulated grads,
   // each bucket launched inside the last backward once its gradients are final (overlapped),
   // or all after backward. Either way one pass, the same buckets, the same sums.
@@ -393,12 +469,16 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
       p->MarkReady(position, grad);
     };
   }
-  ASSIGN_OR_RETURN(const double loss_sum,
-                   RunMicroSteps(a, micro_batches, b->global_valid_units(), scale, &total_times,
+  ASSIGN_OR_RETURN(run.loss_sum,
+                   RunMicroSteps(a, micro_batches, b.global_valid_units(), scale, &run.times,
                                  pending != nullptr ? &on_ready : nullptr));
+  run.loss_sum = faults_->AfterMicroSteps(window_id, run_number, run.loss_sum);
   const absl::Time backward_end = absl::Now();
   // Only a window that does not overlap: its gradients change before any bucket leaves.
-  if (pending == nullptr) faults_->BeforeAllReduce(window_id, a.rank(), *replica_);
+  if (pending == nullptr) faults_->BeforeAllReduce(window_id, a.rank(), run_number, *replica_);
+  // What this rank computed, before the sum mixes it with the others' (validate never
+  // overlaps: the whole local gradient exists here).
+  if (Validates()) run.grad_checksum = replica_->GradientChecksum();
 
   const absl::Time reduce_start = absl::Now();
   absl::StatusOr<AllReduceStats> reduced =
@@ -411,67 +491,87 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     begun_.reset();
   }
   if (!reduced.ok()) return reduced.status();
+  run.reduced = *reduced;
   // What the window waited for after backward; what ran behind backward is reported apart.
-  const double reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
-  std::optional<double> overlapped_seconds;
+  run.reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
   if (pending != nullptr) {
     const std::optional<absl::Time> first = pending->first_launch();
-    overlapped_seconds = first.has_value() && *first < backward_end
-                             ? absl::ToDoubleSeconds(backward_end - *first)
-                             : 0.0;
+    run.overlapped_seconds = first.has_value() && *first < backward_end
+                                 ? absl::ToDoubleSeconds(backward_end - *first)
+                                 : 0.0;
   }
   pending.reset();
-  faults_->AfterAllReduce(window_id, scale, *replica_);
-  const UnscaleResult check = replica_->UnscaleAndNorm(scale);
+  if (run_number == 1) faults_->AfterAllReduce(window_id, scale, *replica_);
+  run.check = replica_->UnscaleAndNorm(scale);
+  run.number = run_number;
+  return run;
+}
 
+absl::StatusOr<v1::CompleteWindowResponse> Worker::ReportWindow(
+    const v1::Assignment& a, int64_t window_id, int64_t units,
+    const std::vector<std::vector<int64_t>>& micro_batches, const WindowRun& run,
+    const std::optional<NextBegin>& next) {
   v1::CompleteWindowRequest complete;
   complete.set_job_id(job_id_);
   complete.set_worker_id(link_->member_id());
   complete.set_generation(a.generation());
   complete.set_window_id(window_id);
   complete.set_rank(a.rank());
-  complete.set_loss_sum(loss_sum);
+  complete.set_loss_sum(run.loss_sum);
   complete.set_valid_units(units);
-  complete.set_found_inf(check.found_inf);
-  complete.set_grad_norm(check.grad_norm);
-  if (check.grad_norm_scaled.has_value()) complete.set_grad_norm_scaled(*check.grad_norm_scaled);
+  complete.set_found_inf(run.check.found_inf);
+  complete.set_grad_norm(run.check.grad_norm);
+  if (run.check.grad_norm_scaled.has_value()) {
+    complete.set_grad_norm_scaled(*run.check.grad_norm_scaled);
+  }
   complete.set_micro_steps(static_cast<int64_t>(micro_batches.size()));
-  complete.set_allreduce_calls(reduced->calls);
+  complete.set_allreduce_calls(run.reduced.calls);
   if (next.has_value()) *complete.mutable_next() = next->request;
   v1::WindowPhases* phases = complete.mutable_phases();
-  phases->set_data_seconds(total_times.data_seconds);
-  phases->set_compute_seconds(total_times.forward_seconds + total_times.backward_seconds);
-  phases->set_allreduce_seconds(reduce_seconds);
+  phases->set_data_seconds(run.times.data_seconds);
+  phases->set_compute_seconds(run.times.forward_seconds + run.times.backward_seconds);
+  phases->set_allreduce_seconds(run.reduce_seconds);
   phases->set_coordinator_seconds(last_decision_wait_seconds_);
+  if (run.number > 1) complete.set_run(run.number);
+  if (run.grad_checksum.has_value()) complete.set_grad_checksum(*run.grad_checksum);
+  for (const v1::SampleLoss& s : run.sample_losses) *complete.add_sample_losses() = s;
   const absl::Time decision_asked = absl::Now();
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
   last_decision_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - decision_asked);
-  if (!c.ok()) return AbortedOrError(c.status());  // RunGeneration zeroes the gradients
-  const v1::WindowDecision& d = c->decision();
-  ApplyDecision(d);
-  if (d.outcome() != v1::ABORT) applied_window_ = window_id;
-  if (next.has_value() && c->has_next() && d.outcome() != v1::ABORT) {
-    next->answer = c->next();
-    next->answered_by = link_->Snapshot().coordinator_id;
-    next_begin_ = std::move(next);
-  }
-  if (options_.metrics != nullptr) {
-    options_.metrics->AddMicroSteps(static_cast<int64_t>(micro_batches.size()));
-    options_.metrics->AddAllReduce(reduced->calls, reduced->bytes);
-    if (d.outcome() == v1::COMMIT) options_.metrics->AddTokens(units);
-    options_.metrics->ObservePhase("forward", total_times.forward_seconds);
-    options_.metrics->ObservePhase("backward", total_times.backward_seconds);
-    options_.metrics->ObservePhase("allreduce", reduce_seconds);
-    if (overlapped_seconds.has_value()) {
-      options_.metrics->ObservePhase("allreduce_overlapped", *overlapped_seconds);
+  return c;
+}
+
+absl::StatusOr<std::vector<v1::SampleLoss>> Worker::SampleLosses(
+    const std::vector<std::vector<int64_t>>& micro_batches) {
+  // One forward per sample, no gradient: only in a re-run, which is rare and about to name
+  // the data if the window reproduces.
+  std::vector<v1::SampleLoss> losses;
+  for (const std::vector<int64_t>& mb : micro_batches) {
+    for (const int64_t id : mb) {
+      data::MicroBatch one = data::Collate(*dataset_, {id});
+      faults_->PoisonSamples({id}, one);
+      ASSIGN_OR_RETURN(const double loss, replica_->EvalLossSum(one));
+      v1::SampleLoss& s = losses.emplace_back();
+      s.set_sample_id(id);
+      s.set_loss(loss);
     }
   }
-  return d;
+  // Worst first: a non-finite loss above any finite one.
+  const auto badness = [](double l) {
+    return std::isfinite(l) ? l : std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(losses.begin(), losses.end(), [&](const v1::SampleLoss& x, const v1::SampleLoss& y) {
+    return badness(x.loss()) > badness(y.loss());
+  });
+  if (losses.size() > kReportedSampleLosses) losses.resize(kReportedSampleLosses);
+  return losses;
 }
+
+bool Worker::Validates() const { return !spec_.validate().rerun_on().empty(); }
 
 bool Worker::OverlapsAllReduce(int64_t window_id, int32_t rank) const {
   return options_.overlap_allreduce && !device_.is_cuda() && replica_->gradient_hooks() &&
-         !faults_->ChangesGradientsBeforeAllReduce(window_id, rank);
+         !Validates() && !faults_->ChangesGradientsBeforeAllReduce(window_id, rank);
 }
 
 absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
@@ -486,6 +586,7 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
     const std::vector<int64_t>& mb = micro_batches[k];
     const absl::Time collate_start = absl::Now();
     data::MicroBatch batch = data::Collate(*dataset_, mb);
+    faults_->PoisonSamples(mb, batch);
     times->data_seconds += absl::ToDoubleSeconds(absl::Now() - collate_start);
     const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
     const double multiplier =

@@ -112,6 +112,38 @@ class Worker {
                                        int64_t global_units, double loss_scale,
                                        MicroStepTimes* times,
                                        const GradientReadyFn* last_ready = nullptr);
+  // One computation of this rank's share of a window (the first, or a re-run the
+  // coordinator asked for): micro-steps, the all-reduce, unscale and check.
+  struct WindowRun {
+    int32_t number = 1;
+    double loss_sum = 0.0;
+    MicroStepTimes times;
+    AllReduceStats reduced;
+    double reduce_seconds = 0.0;
+    std::optional<double> overlapped_seconds;  // with overlap_allreduce
+    UnscaleResult check;
+    std::optional<uint64_t> grad_checksum;      // spec.validate: the local gradient's
+    std::vector<v1::SampleLoss> sample_losses;  // a re-run's worst samples
+  };
+  absl::StatusOr<WindowRun> ComputeWindow(const v1::Assignment& a, int64_t window_id,
+                                          int32_t run_number,
+                                          const std::vector<std::vector<int64_t>>& micro_batches,
+                                          const v1::BeginWindowResponse& b);
+  // CompleteWindow with `run`'s results (and `next` riding on it): the decision, or a re-run.
+  absl::StatusOr<v1::CompleteWindowResponse> ReportWindow(
+      const v1::Assignment& a, int64_t window_id, int64_t units,
+      const std::vector<std::vector<int64_t>>& micro_batches, const WindowRun& run,
+      const std::optional<NextBegin>& next);
+  // The loss of each sample of this rank's share (one forward each, no gradient), worst
+  // first, at most kReportedSampleLosses: what a reproducible bad window is blamed on.
+  static constexpr size_t kReportedSampleLosses = 4;
+  absl::StatusOr<std::vector<v1::SampleLoss>> SampleLosses(
+      const std::vector<std::vector<int64_t>>& micro_batches);
+  // spec.validate is on: windows may be re-run, so each report carries a gradient checksum.
+  bool Validates() const;
+  // With spec.validate: what makes a re-run reproduce a healthy rank bit for bit (on CUDA,
+  // deterministic algorithms and a fixed cuBLAS workspace, or a refusal naming the variable).
+  absl::Status PromiseReproducibleWindows();
   // Whether this window's all-reduce starts inside its last backward (overlap_allreduce).
   bool OverlapsAllReduce(int64_t window_id, int32_t rank) const;
   // The coordinator's decision: COMMIT steps the optimizer; SKIP and ABORT keep nothing.

@@ -39,8 +39,10 @@ TEST(FormatTest, WorkerStateText) {
   w.set_replaced_by("w-7");
   EXPECT_EQ(WorkerStateText(w), "LOST (replaced by w-7)");
   w.clear_replaced_by();
-  w.set_drained("a straggler: relative score 0.3 below stragglers.replace_below 0.5");
+  w.set_drained("straggler: relative score 0.3 below stragglers.replace_below 0.5");
   EXPECT_EQ(WorkerStateText(w), "LOST (drained: straggler)");  // it exits: nothing replaces it
+  w.set_drained("faulty: a re-run found its first run not reproduced in 2 windows");
+  EXPECT_EQ(WorkerStateText(w), "LOST (drained: faulty)");
   w.clear_drained();
   w.set_state(static_cast<v1::WorkerState>(99));
   EXPECT_EQ(WorkerStateText(w), "UNKNOWN");

@@ -56,6 +56,8 @@ constexpr char kFull[] = R"({
   "checkpoint": {"dir": "/ckpt", "every_updates": 10, "keep_last": 0},
   "workers": {"count": 1024, "min": 3, "join_grace": "1.500s"},
   "stragglers": {"score_windows": 7, "replace_below": 0.5, "replace_after_windows": 3},
+  "validate": {"rerun_on": [], "spike_sigma": 4, "spike_window": 20,
+               "max_suspect": 3, "skip_spikes": true},
   "debug": {"nonfinite_grad_windows": [1, 7]}
 })";
 
@@ -224,6 +226,11 @@ TEST(SpecTest, MinimalSpecGetsEveryDefault) {
   EXPECT_EQ(s.stragglers().score_windows(), 20);
   EXPECT_FALSE(s.stragglers().has_replace_below());  // never replaced unless asked
   EXPECT_FALSE(s.stragglers().has_replace_after_windows());
+  EXPECT_TRUE(s.validate().rerun_on().empty());  // no re-runs unless asked
+  EXPECT_EQ(s.validate().spike_sigma(), 6.0);
+  EXPECT_EQ(s.validate().spike_window(), 50);
+  EXPECT_EQ(s.validate().max_suspect(), 2);
+  EXPECT_FALSE(s.validate().skip_spikes());
   EXPECT_TRUE(s.debug().nonfinite_grad_windows().empty());
   EXPECT_TRUE(IsTokenLevel(s));
   EXPECT_EQ(GlobalBatchSamples(s), 8);
@@ -758,6 +765,21 @@ std::vector<RuleCase> RuleCases() {
        "stragglers.replace_below must be in (0, 1), got 1"},
       {"ReplaceAfterZero", Text(R"("stragglers":{"replace_below":0.5,"replace_after_windows":0})"),
        "stragglers.replace_after_windows must be ≥ 1, got 0"},
+      // Re-runs: a trigger twice, a spike measured against nothing or no spread, no patience.
+      {"RerunOnTwice", Text(R"("validate":{"rerun_on":["spike","spike"]})"),
+       "validate.rerun_on[1] must be unique, got spike (also at validate.rerun_on[0])"},
+      {"SpikeSigmaZero", Text(R"("validate":{"spike_sigma":0})"),
+       "validate.spike_sigma must be > 0, got 0"},
+      {"SpikeWindowOne", Text(R"("validate":{"spike_window":1})"),
+       "validate.spike_window must be ≥ 2, got 1"},
+      {"MaxSuspectZero", Text(R"("validate":{"max_suspect":0})"),
+       "validate.max_suspect must be ≥ 1, got 0"},
+      // A model whose operations may not reproduce: a re-run could not tell a fault.
+      {"RerunWithTorchScript",
+       R"({"model":{"torchscript":{"path":"/m.pt"}},"data":{"text":{"paths":["/c"]}},)"
+       R"("validate":{"rerun_on":["nonfinite"]}})",
+       "validate.rerun_on needs a built-in model (mlp, tiny_gpt): a TorchScript model's "
+       "operations may not reproduce bit for bit, and a re-run could not tell a fault from them"},
       // A streak length for a policy that is off: the user meant to turn it on.
       {"ReplaceAfterWithoutBelow", Text(R"("stragglers":{"replace_after_windows":5})"),
        "stragglers.replace_after_windows needs stragglers.replace_below (the relative score a "
@@ -860,7 +882,7 @@ std::vector<RuleCase> ParseErrorCases() {
       {"UnknownTopLevelField", R"({"micro_batch_size":4})",
        "micro_batch_size: unknown field; the spec accepts: name, seed, model, data, batch, "
        "precision, loss, optimizer, schedule, clip, loss_scaler, stop, checkpoint, workers, "
-       "debug, eval, stragglers"},
+       "debug, eval, stragglers, validate"},
       // A typo inside a list element.
       {"UnknownFieldInList", R"({"optimizer":{"param_groups":[{"prefixx":"a."}]}})",
        "optimizer.param_groups[0].prefixx: unknown field; optimizer.param_groups[0] accepts: "

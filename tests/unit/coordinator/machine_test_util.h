@@ -42,6 +42,7 @@ struct SpecOptions {
   double lr = 0.1;                    // sgd
   std::optional<int64_t> eval_every;  // set: spec.eval with this every_updates
   std::string stragglers;             // JSON object, "" = resolver defaults
+  std::string validate;               // JSON object, "" = resolver defaults (off)
 };
 
 inline std::string SpecJson(const SpecOptions& o) {
@@ -66,6 +67,7 @@ inline std::string SpecJson(const SpecOptions& o) {
                     *o.eval_every, "}");
   }
   if (!o.stragglers.empty()) absl::StrAppend(&json, R"(,"stragglers":)", o.stragglers);
+  if (!o.validate.empty()) absl::StrAppend(&json, R"(,"validate":)", o.validate);
   if (!o.checkpoint_dir.empty()) {
     absl::StrAppend(&json, R"(,"checkpoint":{"dir":")", o.checkpoint_dir, "\"");
     if (o.every_updates) absl::StrAppend(&json, R"(,"every_updates":)", *o.every_updates);
@@ -95,6 +97,9 @@ struct RankReport {
   int64_t allreduce_calls = 1;
   std::optional<double> grad_norm_scaled;  // sent only when set (a loss scaler is on)
   std::optional<double> compute_seconds;   // the phases, sent only when set
+  int32_t run = 0;                         // 0: the first; 2: a re-run
+  std::optional<uint64_t> grad_checksum;   // spec.validate's local gradient checksum
+  std::vector<std::pair<int64_t, double>> sample_losses;  // a re-run's worst samples
 };
 
 inline std::vector<RankReport> Reports(int world, RankReport r = {}) {
@@ -279,6 +284,13 @@ class SimulatedRanks {
     if (r.compute_seconds.has_value()) {
       req.mutable_phases()->set_compute_seconds(*r.compute_seconds);
     }
+    if (r.run != 0) req.set_run(r.run);
+    if (r.grad_checksum.has_value()) req.set_grad_checksum(*r.grad_checksum);
+    for (const auto& [id, loss] : r.sample_losses) {
+      v1::SampleLoss* s = req.add_sample_losses();
+      s->set_sample_id(id);
+      s->set_loss(loss);
+    }
     return req;
   }
 
@@ -328,6 +340,28 @@ class SimulatedRanks {
       decision = a->response.decision();
     }
     return decision;
+  }
+
+  // spec.validate: every rank completes `window` with `first`; the last call must ask for a
+  // re-run (no decision), and so must a repeated first-run report; then every rank reports
+  // `second` (run 2) and the last call decides. Returns the decision.
+  v1::WindowDecision CompleteWithRerun(int64_t window, const std::vector<RankReport>& first,
+                                       std::vector<RankReport> second) {
+    const int world = static_cast<int>(first.size());
+    for (int rank = 0; rank < world; ++rank) {
+      auto a = Complete(rank, window, first[rank]);
+      EXPECT_TRUE(a.ok()) << a.status();
+      if (!a.ok()) return {};
+      EXPECT_EQ(a->ready, rank == world - 1) << "rank " << rank;
+      if (a->ready) {
+        EXPECT_EQ(a->response.rerun(), 2);
+        EXPECT_FALSE(a->response.has_decision()) << "decided a window it should re-run";
+      }
+    }
+    auto again = Complete(0, window, first[0]);  // rank 0 polls its first run again
+    EXPECT_TRUE(again.ok() && again->ready && again->response.rerun() == 2) << again.status();
+    for (RankReport& r : second) r.run = 2;
+    return CompleteAll(window, second);
   }
 
   // The next window, begun and completed by every rank of the current generation.

@@ -2734,5 +2734,153 @@ TEST(StepMachineTest, ARankThatRecoversOrAJobWithoutThePolicyIsNotDrained) {
   }
 }
 
+// --- spec.validate: a suspicious window re-run, its fault attributed ---
+
+SpecOptions Validated(const std::string& validate, int workers = 2) {
+  SpecOptions o;
+  o.workers = workers;
+  o.max_updates = 20;
+  o.validate = validate;
+  return o;
+}
+
+// Two ranks' reports with local gradient checksums 100 + rank.
+std::vector<RankReport> Checksummed(int world = 2) {
+  std::vector<RankReport> reports = Reports(world);
+  for (int rank = 0; rank < world; ++rank) reports[rank].grad_checksum = 100 + rank;
+  return reports;
+}
+
+// Catches: a NaN loss skipped without asking who computed it, the faulty rank's first run
+// kept, a healthy rank blamed, or the suspect not counted (in Workers, progress and replay).
+TEST(StepMachineTest, ANonFiniteLossIsRerunAndATransientFaultIsAttributedToItsRank) {
+  SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"],"max_suspect":5})")));
+  sim.Start(2);
+  const std::vector<std::string> ranks = sim.Ranks();
+  sim.BeginAll(1, {10, 10});
+  std::vector<RankReport> first = Checksummed();
+  first[1].loss_sum = std::numeric_limits<double>::quiet_NaN();  // a flipped loss on rank 1
+  const v1::WindowDecision d = sim.CompleteWithRerun(1, first, Checksummed());
+  EXPECT_EQ(d.outcome(), v1::COMMIT) << "decided on the first run, not the re-run";
+  ASSERT_TRUE(d.record().has_rerun());
+  const v1::Rerun& rerun = d.record().rerun();
+  EXPECT_EQ(rerun.cause(), "nonfinite");
+  EXPECT_EQ(rerun.verdict(), "transient");
+  EXPECT_EQ(rerun.rank(), 1);
+  EXPECT_EQ(rerun.worker_id(), ranks[1]);
+  EXPECT_THAT(rerun.ranks(), ::testing::ElementsAre(1));
+  EXPECT_DOUBLE_EQ(d.record().loss(), 1.0);  // the re-run's losses: 20 / 20
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 1);
+  EXPECT_EQ(sim.progress().reruns(), 1);
+  EXPECT_EQ(sim.progress().reruns_transient(), 1);
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) {
+    EXPECT_EQ(w.suspect_count(), w.worker_id() == ranks[1] ? 1 : 0) << w.worker_id();
+  }
+  JobRegistry replayed(sim.options());
+  for (const v1::JournalRecord& r : sim.records()) ASSERT_TRUE(replayed.Apply(r).ok());
+  for (const v1::WorkerInfo& w : (*replayed.Machine(sim.job_id()))->Workers()) {
+    EXPECT_EQ(w.suspect_count(), w.worker_id() == ranks[1] ? 1 : 0) << "replayed";
+  }
+  // A gradient that differs between runs (same loss) is a fault too.
+  sim.BeginAll(2, {10, 10});
+  first = Checksummed();
+  first[0].found_inf = first[1].found_inf = true;  // +inf in rank 0's local gradient, summed
+  first[0].grad_checksum = 7;
+  const v1::WindowDecision d2 = sim.CompleteWithRerun(2, first, Checksummed());
+  EXPECT_EQ(d2.outcome(), v1::COMMIT);
+  EXPECT_EQ(d2.record().rerun().verdict(), "transient");
+  EXPECT_EQ(d2.record().rerun().rank(), 0);
+}
+
+// Catches: a reproducible bad window blamed on a rank (it is the data), decided otherwise
+// than without validate, or not naming the samples whose loss is non-finite.
+TEST(StepMachineTest, AReproducedNonFiniteLossIsSkippedAndNamesItsSamples) {
+  SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"]})")));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  std::vector<RankReport> bad = Checksummed();
+  bad[1].loss_sum = std::numeric_limits<double>::infinity();
+  std::vector<RankReport> again = bad;
+  again[1].sample_losses = {{17, std::numeric_limits<double>::infinity()}, {3, 0.5}};
+  again[0].sample_losses = {{4, 0.9}};
+  const v1::WindowDecision d = sim.CompleteWithRerun(1, bad, again);
+  EXPECT_EQ(d.outcome(), v1::SKIP);
+  EXPECT_EQ(d.reason_code(), v1::WINDOW_REASON_NONFINITE_LOSS);
+  const v1::Rerun& rerun = d.record().rerun();
+  EXPECT_EQ(rerun.verdict(), "persistent");
+  EXPECT_EQ(rerun.rank(), 1);
+  EXPECT_THAT(rerun.sample_ids(), ::testing::ElementsAre(17));
+  EXPECT_EQ(sim.progress().optimizer_update_id(), 0);
+  for (const v1::WorkerInfo& w : sim.machine().Workers()) EXPECT_EQ(w.suspect_count(), 0);
+  EXPECT_EQ(sim.progress().reruns_transient(), 0);
+}
+
+// Catches: a spike test before there is a history to measure it against, a spike not re-run,
+// and skip_spikes ignored for a reproducible one.
+TEST(StepMachineTest, AReproducedSpikeIsCommittedOrSkippedAsTheSpecSays) {
+  for (const bool skip : {false, true}) {
+    SimulatedRanks sim(ResolvedSpec(Validated(absl::StrCat(
+        R"({"rerun_on":["spike"],"spike_window":3,"spike_sigma":2,"skip_spikes":)",
+        skip ? "true" : "false", "}"))));
+    sim.Start(2);
+    // A spike in the first window: no history, no re-run.
+    std::vector<RankReport> high = Checksummed();
+    high[0].loss_sum = high[1].loss_sum = 50.0;
+    EXPECT_EQ(sim.RunWindow(high).outcome(), v1::COMMIT);
+    for (int w = 0; w < 3; ++w) {
+      std::vector<RankReport> r = Checksummed();
+      r[0].loss_sum = r[1].loss_sum = 10.0 + w;  // losses 1.0, 1.1, 1.2
+      EXPECT_EQ(sim.RunWindow(r).outcome(), v1::COMMIT);
+    }
+    const int64_t window = sim.next_window();
+    sim.BeginAll(window, {10, 10});
+    high[1].loss_sum = 60.0;  // rank 1's share dominates the window
+    high[1].sample_losses = {{42, 400.0}, {8, 300.0}, {9, 10.0}};
+    const v1::WindowDecision d = sim.CompleteWithRerun(window, high, high);
+    EXPECT_EQ(d.record().rerun().cause(), "spike");
+    EXPECT_EQ(d.record().rerun().verdict(), "persistent");
+    EXPECT_THAT(d.record().rerun().sample_ids(), ::testing::ElementsAre(42, 8));
+    EXPECT_EQ(d.outcome(), skip ? v1::SKIP : v1::COMMIT);
+    if (skip) EXPECT_EQ(d.reason_code(), v1::WINDOW_REASON_LOSS_SPIKE);
+  }
+}
+
+// Catches: a worker faulty max_suspect times kept training, or drained mid-window.
+TEST(StepMachineTest, AWorkerFaultyMaxSuspectTimesIsDrainedForAStandby) {
+  SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"],"max_suspect":2})")));
+  sim.Start(3);  // two ranks and a standby
+  const std::vector<std::string> ranks = sim.Ranks();
+  for (int64_t window = 1; window <= 2; ++window) {
+    sim.BeginAll(window, {10, 10});
+    std::vector<RankReport> first = Checksummed();
+    first[1].loss_sum = std::numeric_limits<double>::quiet_NaN();
+    EXPECT_EQ(sim.CompleteWithRerun(window, first, Checksummed()).outcome(), v1::COMMIT);
+    if (window == 1) EXPECT_EQ(sim.Ranks(), ranks) << "drained after one fault of two";
+  }
+  const v1::WorkerInfo* drained = InfoOf(sim.machine().Workers(), ranks[1]);
+  ASSERT_NE(drained, nullptr);
+  EXPECT_EQ(drained->state(), v1::LOST);
+  EXPECT_THAT(drained->drained(), ::testing::HasSubstr("faulty: a re-run found"));
+  ASSERT_TRUE(sim.HeartbeatAs(ranks[0], 2, /*idle_after=*/sim.generation()).ok());
+  ASSERT_EQ(sim.Ranks().size(), 2u);
+  EXPECT_EQ(sim.Ranks()[0], ranks[0]);
+  EXPECT_NE(sim.Ranks()[1], ranks[1]);
+}
+
+// Catches: a re-run report reaching a coordinator that never asked for it (it restarted and
+// lost the first run's reports) decided as if it were a first run.
+TEST(StepMachineTest, AReRunNobodyAskedForAbortsTheWindow) {
+  SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"]})")));
+  sim.Start(2);
+  sim.BeginAll(1, {10, 10});
+  RankReport second = Checksummed()[0];
+  second.run = 2;
+  auto a = sim.Complete(0, 1, second);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(a->ready);
+  EXPECT_EQ(a->response.decision().outcome(), v1::ABORT);
+  EXPECT_EQ(a->response.decision().reason_code(), v1::WINDOW_REASON_RERUN_INTERRUPTED);
+}
+
 }  // namespace
 }  // namespace trainstep
