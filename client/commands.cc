@@ -381,6 +381,12 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
   };
   kv.insert(kv.end(), rest.begin(), rest.end());
   if (!p.waiting().empty()) kv.emplace_back("waiting", p.waiting());  // short of workers
+  if (!job.spec().validate().rerun_on().empty()) {  // which windows were re-run, and why
+    kv.emplace_back(
+        "reruns",
+        absl::StrCat(p.reruns(), " (", p.reruns_transient(), " transient: a fault on a rank; ",
+                     p.reruns() - p.reruns_transient(), " persistent: the data or the model)"));
+  }
   for (const v1::RankScore& score : p.rank_scores()) {  // which rank is slow, and where
     kv.emplace_back(absl::StrCat("rank ", score.rank()), RankScoreText(score));
   }

@@ -39,9 +39,9 @@ struct ReasonSeries {
   v1::WindowReason reason;
 };
 constexpr ReasonSeries kReasonSeries[] = {
-    {v1::SKIP, v1::WINDOW_REASON_OVERFLOW},       {v1::SKIP, v1::WINDOW_REASON_EMPTY_WINDOW},
-    {v1::SKIP, v1::WINDOW_REASON_NONFINITE_LOSS}, {v1::ABORT, v1::WINDOW_REASON_DESYNC},
-    {v1::ABORT, v1::WINDOW_REASON_WORKER_LOST},   {v1::SKIP, v1::WINDOW_REASON_LOSS_SPIKE},
+    {v1::SKIP, v1::WINDOW_REASON_OVERFLOW},           {v1::SKIP, v1::WINDOW_REASON_EMPTY_WINDOW},
+    {v1::SKIP, v1::WINDOW_REASON_NONFINITE_LOSS},     {v1::ABORT, v1::WINDOW_REASON_DESYNC},
+    {v1::ABORT, v1::WINDOW_REASON_WORKER_LOST},       {v1::SKIP, v1::WINDOW_REASON_LOSS_SPIKE},
     {v1::ABORT, v1::WINDOW_REASON_RERUN_INTERRUPTED},
 };
 
@@ -246,7 +246,8 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
   if (r.has_dropped_tail()) {
     dropped_samples_.Add(l).Increment(static_cast<double>(r.dropped_tail().samples()));
   }
-  if (r.has_rerun()) reruns_.Add({{"training_job", id}, {"verdict", r.rerun().verdict()}}).Increment();
+  if (r.has_rerun())
+    reruns_.Add({{"training_job", id}, {"verdict", r.rerun().verdict()}}).Increment();
   const v1::WindowOutcome outcome = OutcomeOf(r);
   if (outcome == v1::COMMIT) {
     updates_.Add(l).Increment();

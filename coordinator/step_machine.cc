@@ -1314,9 +1314,8 @@ std::optional<std::string> StepMachine::RerunCause(const v1::WindowDecision& d) 
     return std::find(v.rerun_on().begin(), v.rerun_on().end(), t) != v.rerun_on().end();
   };
   // Non-finite gradients are an overflow the scaler expects only with a scaler.
-  const bool nonfinite =
-      d.reason_code() == v1::WINDOW_REASON_NONFINITE_LOSS ||
-      (d.reason_code() == v1::WINDOW_REASON_OVERFLOW && !scaler_config_.enabled);
+  const bool nonfinite = d.reason_code() == v1::WINDOW_REASON_NONFINITE_LOSS ||
+                         (d.reason_code() == v1::WINDOW_REASON_OVERFLOW && !scaler_config_.enabled);
   if (nonfinite && on(v1::Validate::nonfinite)) return "nonfinite";
   if (d.outcome() == v1::COMMIT && on(v1::Validate::spike) && IsSpike(d.record().loss())) {
     return "spike";

@@ -28,8 +28,8 @@ bool FaultHooks::ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank
 
 double FaultHooks::AfterMicroSteps(int64_t window_id, int32_t run, double loss_sum) const {
   if (options_.flip_loss_window != window_id || run != 1) return loss_sum;
-  LogWarning(absl::StrCat("--debug-flip-loss-window: a NaN loss in window ", window_id,
-                          " (first run)"));
+  LogWarning(
+      absl::StrCat("--debug-flip-loss-window: a NaN loss in window ", window_id, " (first run)"));
   return std::numeric_limits<double>::quiet_NaN();
 }
 
@@ -38,7 +38,7 @@ void FaultHooks::PoisonSamples(const std::vector<int64_t>& ids, data::MicroBatch
   for (size_t row = 0; row < ids.size(); ++row) {
     if (ids[row] != options_.poison_sample) continue;
     std::fill_n(batch.features.begin() + static_cast<std::ptrdiff_t>(row * batch.feature_dim),
-                batch.feature_dim, 1e30f);
+                batch.feature_dim, std::numeric_limits<float>::quiet_NaN());
   }
 }
 

@@ -31,8 +31,9 @@ struct FaultOptions {
   // +inf into one element of this rank's local gradient before the all-reduce, or a NaN loss.
   int64_t flip_grad_window = 0;
   int64_t flip_loss_window = 0;
-  // Test-only persistent fault: this sample's features are poisoned (1e30) whenever this
-  // worker collates it, so its loss is non-finite in every run (sample-level data only).
+  // Test-only persistent fault: this sample's features are poisoned (NaN, a corrupt record)
+  // whenever this worker collates it, so its loss is non-finite in every run (sample-level
+  // data only).
   int64_t poison_sample = -1;
 };
 
@@ -56,7 +57,7 @@ class FaultHooks {
   // first run's NaN (a flipped bit in a reduction), the gradients untouched.
   double AfterMicroSteps(int64_t window_id, int32_t run, double loss_sum) const;
   // A micro-batch of samples `ids`, just collated: --debug-poison-sample overwrites that
-  // sample's features with 1e30 (bad data: the same in every run).
+  // sample's features with NaN (bad data: the same in every run).
   void PoisonSamples(const std::vector<int64_t>& ids, data::MicroBatch& batch) const;
   // In the evaluation of `update_id`, before reporting it: --debug-exit-in-eval exits (code 3).
   void InEval(int64_t update_id) const;

@@ -80,8 +80,8 @@ ABSL_FLAG(int64_t, debug_flip_grad_window, 0,
 ABSL_FLAG(int64_t, debug_flip_loss_window, 0,
           "TEST ONLY: in that window's first run, report a NaN loss (a transient fault)");
 ABSL_FLAG(int64_t, debug_poison_sample, -1,
-          "TEST ONLY: overwrite that sample's features with 1e30 whenever this worker reads it "
-          "(bad data: a persistent fault; synthetic_regression data only)");
+          "TEST ONLY: overwrite that sample's features with NaN whenever this worker reads it "
+          "(a corrupt record: a persistent fault; synthetic_regression data only)");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,

@@ -560,9 +560,10 @@ absl::StatusOr<std::vector<v1::SampleLoss>> Worker::SampleLosses(
   const auto badness = [](double l) {
     return std::isfinite(l) ? l : std::numeric_limits<double>::infinity();
   };
-  std::stable_sort(losses.begin(), losses.end(), [&](const v1::SampleLoss& x, const v1::SampleLoss& y) {
-    return badness(x.loss()) > badness(y.loss());
-  });
+  std::stable_sort(losses.begin(), losses.end(),
+                   [&](const v1::SampleLoss& x, const v1::SampleLoss& y) {
+                     return badness(x.loss()) > badness(y.loss());
+                   });
   if (losses.size() > kReportedSampleLosses) losses.resize(kReportedSampleLosses);
   return losses;
 }

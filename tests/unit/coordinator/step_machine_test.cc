@@ -2819,9 +2819,9 @@ TEST(StepMachineTest, AReproducedNonFiniteLossIsSkippedAndNamesItsSamples) {
 // and skip_spikes ignored for a reproducible one.
 TEST(StepMachineTest, AReproducedSpikeIsCommittedOrSkippedAsTheSpecSays) {
   for (const bool skip : {false, true}) {
-    SimulatedRanks sim(ResolvedSpec(Validated(absl::StrCat(
-        R"({"rerun_on":["spike"],"spike_window":3,"spike_sigma":2,"skip_spikes":)",
-        skip ? "true" : "false", "}"))));
+    SimulatedRanks sim(ResolvedSpec(Validated(
+        absl::StrCat(R"({"rerun_on":["spike"],"spike_window":3,"spike_sigma":2,"skip_spikes":)",
+                     skip ? "true" : "false", "}"))));
     sim.Start(2);
     // A spike in the first window: no history, no re-run.
     std::vector<RankReport> high = Checksummed();
@@ -2857,7 +2857,8 @@ TEST(StepMachineTest, AWorkerFaultyMaxSuspectTimesIsDrainedForAStandby) {
     EXPECT_EQ(sim.CompleteWithRerun(window, first, Checksummed()).outcome(), v1::COMMIT);
     if (window == 1) EXPECT_EQ(sim.Ranks(), ranks) << "drained after one fault of two";
   }
-  const v1::WorkerInfo* drained = InfoOf(sim.machine().Workers(), ranks[1]);
+  const std::vector<v1::WorkerInfo> workers = sim.machine().Workers();
+  const v1::WorkerInfo* drained = InfoOf(workers, ranks[1]);
   ASSERT_NE(drained, nullptr);
   EXPECT_EQ(drained->state(), v1::LOST);
   EXPECT_THAT(drained->drained(), ::testing::HasSubstr("faulty: a re-run found"));

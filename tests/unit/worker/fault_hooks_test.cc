@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -33,10 +34,10 @@ TEST(FaultHooksTest, NonFiniteOnlyOnRankZeroInListedWindows) {
   debug.add_nonfinite_grad_windows(3);
   const FaultHooks hooks(debug, FaultOptions());
   std::unique_ptr<Replica> r = MlpReplica();
-  hooks.BeforeAllReduce(/*window_id=*/2, /*rank=*/0, *r);
-  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/1, *r);
+  hooks.BeforeAllReduce(/*window_id=*/2, /*rank=*/0, /*run=*/1, *r);
+  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/1, /*run=*/1, *r);
   EXPECT_FALSE(r->UnscaleAndNorm(1.0).found_inf);
-  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/0, *r);
+  hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/0, /*run=*/1, *r);
   EXPECT_TRUE(r->UnscaleAndNorm(1.0).found_inf);
 }
 
@@ -51,7 +52,7 @@ TEST(FaultHooksTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
   for (int64_t window = 1; window <= 9; ++window) {
     for (int32_t rank : {0, 1}) {
       std::unique_ptr<Replica> r = MlpReplica();
-      hooks.BeforeAllReduce(window, rank, *r);
+      hooks.BeforeAllReduce(window, rank, /*run=*/1, *r);
       EXPECT_EQ(hooks.ChangesGradientsBeforeAllReduce(window, rank),
                 r->UnscaleAndNorm(1.0).found_inf)
           << "window " << window << " rank " << rank;
@@ -59,6 +60,38 @@ TEST(FaultHooksTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
   }
   EXPECT_TRUE(hooks.ChangesGradientsBeforeAllReduce(8, 0));
   EXPECT_FALSE(FaultHooks(v1::Debug(), FaultOptions()).ChangesGradientsBeforeAllReduce(1, 0));
+}
+
+// The transient faults of spec.validate's tests hit the first run of their window only: a
+// re-run must compute the window right, or nothing could be attributed. Catches a flip in
+// every run (it would read as bad data), in other windows, or a poison that misses its sample.
+TEST(FaultHooksTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample) {
+  FaultOptions options;
+  options.flip_grad_window = 4;
+  options.flip_loss_window = 6;
+  options.poison_sample = 9;
+  const FaultHooks hooks(v1::Debug(), options);
+  for (int32_t run : {1, 2}) {
+    std::unique_ptr<Replica> r = MlpReplica();
+    hooks.BeforeAllReduce(/*window_id=*/4, /*rank=*/1, run, *r);
+    EXPECT_EQ(r->UnscaleAndNorm(1.0).found_inf, run == 1) << "run " << run;
+  }
+  std::unique_ptr<Replica> r = MlpReplica();
+  hooks.BeforeAllReduce(/*window_id=*/5, /*rank=*/1, /*run=*/1, *r);
+  EXPECT_FALSE(r->UnscaleAndNorm(1.0).found_inf);
+  EXPECT_TRUE(hooks.ChangesGradientsBeforeAllReduce(4, 1));
+  EXPECT_TRUE(std::isnan(hooks.AfterMicroSteps(6, 1, 2.5)));
+  EXPECT_EQ(hooks.AfterMicroSteps(6, 2, 2.5), 2.5);
+  EXPECT_EQ(hooks.AfterMicroSteps(5, 1, 2.5), 2.5);
+
+  data::MicroBatch batch;
+  batch.rows = batch.samples = 2;
+  batch.feature_dim = 3;
+  batch.features.assign(6, 0.5f);
+  hooks.PoisonSamples({8, 9}, batch);
+  for (size_t i = 0; i < batch.features.size(); ++i) {
+    EXPECT_EQ(std::isnan(batch.features[i]), i >= 3) << i;  // row 1 (sample 9) only
+  }
 }
 
 // Catches: the desync nudge applied in the wrong window or not at all.

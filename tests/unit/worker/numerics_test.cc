@@ -238,6 +238,29 @@ TEST(ReplicaTest, ZeroGradLeavesNoResidue) {
   EXPECT_EQ(after.grad_norm, 0.0);
 }
 
+// spec.validate's comparison of two runs of a window. Catches: a checksum that differs for
+// the same micro-steps on the same weights (every healthy rank would be blamed for a fault),
+// or that does not see a one-element change (a flipped gradient would pass as reproduced).
+TEST(ReplicaTest, GradientChecksumIsReproducibleAndSeesOneElement) {
+  const v1::JobSpec spec =
+      Spec(R"({"seed":2,"model":{"mlp":{"hidden":16}},"data":{"synthetic_regression":{}}})");
+  data::Dataset d = data::Dataset::Load(spec).value();
+  std::unique_ptr<Replica> r = *Replica::Create(spec, at::kCPU);
+  const auto run = [&] {
+    r->ZeroGrad();
+    for (std::vector<int64_t> mb : {std::vector<int64_t>{0, 1}, {2, 3}}) {
+      EXPECT_TRUE(r->MicroStep(data::Collate(d, mb), 0.25).ok());
+    }
+    return r->GradientChecksum();
+  };
+  const uint64_t first = run();
+  EXPECT_EQ(run(), first);
+  r->PerturbGradient(1e-6);
+  EXPECT_NE(r->GradientChecksum(), first);
+  r->ZeroGrad();
+  EXPECT_NE(r->GradientChecksum(), first);
+}
+
 // The NCCL path: skipped without a CUDA device (Debian's LibTorch is CPU-only).
 TEST(CudaTest, SkipsWithoutDevice) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device / CPU-only LibTorch";
