@@ -14,7 +14,11 @@ namespace trainstep {
 
 void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, int32_t run,
                                  Replica& replica) const {
-  const bool flip = options_.flip_grad_window == window_id && run == 1;
+  bool flip = options_.flip_grad_window == window_id && run == 1;
+  if (!flip && run == 1 && !options_.flip_grad_file.empty()) {
+    std::error_code ec;  // armed by a test: consumed by the first window that sees it
+    flip = std::filesystem::remove(options_.flip_grad_file, ec);
+  }
   if (flip) {
     LogWarning(absl::StrCat("--debug-flip-grad-window: +inf into this rank's gradient in window ",
                             window_id, " (first run)"));
@@ -23,7 +27,8 @@ void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, int32_t run,
 }
 
 bool FaultHooks::ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const {
-  return options_.flip_grad_window == window_id || InjectsNonFinite(window_id, rank);
+  return options_.flip_grad_window == window_id || !options_.flip_grad_file.empty() ||
+         InjectsNonFinite(window_id, rank);
 }
 
 double FaultHooks::AfterMicroSteps(int64_t window_id, int32_t run, double loss_sum) const {

@@ -31,6 +31,9 @@ struct FaultOptions {
   // +inf into one element of this rank's local gradient before the all-reduce, or a NaN loss.
   int64_t flip_grad_window = 0;
   int64_t flip_loss_window = 0;
+  // Test-only, the same flip at a time a test picks: when this file exists at a window's first
+  // run, the worker removes it and flips that window's gradient (the chaos tool's grad_flip).
+  std::string flip_grad_file;
   // Test-only persistent fault: this sample's features are poisoned (NaN, a corrupt record)
   // whenever this worker collates it, so its loss is non-finite in every run (sample-level
   // data only).

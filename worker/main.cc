@@ -77,6 +77,9 @@ ABSL_FLAG(double, debug_slow_factor, 1.0,
 ABSL_FLAG(int64_t, debug_flip_grad_window, 0,
           "TEST ONLY: in that window's first run, +inf into one element of this worker's local "
           "gradient before the all-reduce (a transient fault; spec.validate re-runs the window)");
+ABSL_FLAG(std::string, debug_flip_grad_file, "",
+          "TEST ONLY: when this file exists at a window's first run, remove it and flip that "
+          "window's gradient as --debug-flip-grad-window does (a fault at a time a test picks)");
 ABSL_FLAG(int64_t, debug_flip_loss_window, 0,
           "TEST ONLY: in that window's first run, report a NaN loss (a transient fault)");
 ABSL_FLAG(int64_t, debug_poison_sample, -1,
@@ -214,6 +217,7 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
   }
   options.faults.flip_grad_window = absl::GetFlag(FLAGS_debug_flip_grad_window);
   options.faults.flip_loss_window = absl::GetFlag(FLAGS_debug_flip_loss_window);
+  options.faults.flip_grad_file = absl::GetFlag(FLAGS_debug_flip_grad_file);
   options.faults.poison_sample = absl::GetFlag(FLAGS_debug_poison_sample);
   options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);

@@ -29,6 +29,9 @@ Fault kinds (--kinds, default all that this machine allows):
                     back to its latest durable checkpoint (a necessary rollback) and still end
                     with the fault-free weights
   partition         (--netns only) a rank's link taken down longer than the lease, then up
+  grad_flip         +inf into one rank's local gradient in one window's first run (a transient
+                    fault: the job re-runs non-finite windows, spec.validate); judged by the
+                    window's `rerun` record, which must name that rank's worker as transient
 
 Judgement, per job (a job passes when all hold):
   1. the job SUCCEEDED;
@@ -42,6 +45,8 @@ Judgement, per job (a job passes when all hold):
      rank of the generation that committed it, or of a later one before the rollback);
   5. no fault stalled it: after each fault a commit came within max(60 s, 4 leases + 30 s).
      After a stall no further fault is injected into that job, so none can unstick it.
+  6. every grad_flip was attributed to its rank: the first re-run after it is transient and
+     names the victim's worker.
 Recovery per fault: from the injection (from the restarted coordinator listening, for the
 coordinator's faults, after the heal) to the end_time_ms of the next commit, in a newer
 generation for the faults that cost a rank. Reported p50/max per kind; with
@@ -89,7 +94,7 @@ if os.path.join(SOURCE_DIR, "client", "python") not in sys.path:
 SKIP = 77
 
 KINDS = ("worker_kill", "coordinator_kill", "restart_gap_kill", "worker_stop", "checkpoint_kill",
-         "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "partition")
+         "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "grad_flip", "partition")
 COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail")  # a new coordinator
 # Faults that cost one rank, which the registered spare replaces: each is injected only once
 # a spare is registered again (the campaign's precondition; its wait is reported).
@@ -111,7 +116,8 @@ BOUNDS = {"worker_kill": (1.0, "commit_s"), "checkpoint_kill": (1.0, "commit_s")
           "worker_retire": (1.0, "commit_s"), "coordinator_kill": (1.0, "commit_s"),
           "journal_full": (1.0, "commit_s"), "fsync_fail": (1.0, "commit_s"),
           "restart_gap_kill": ("grace + 1 s", "commit_s"), "all_ranks_kill": ("lease", "commit_s"),
-          "worker_stop": ("lease", "assigned_s"), "partition": ("lease", "assigned_s")}
+          "worker_stop": ("lease", "assigned_s"), "partition": ("lease", "assigned_s"),
+          "grad_flip": (1.0, "commit_s")}
 # The coordinator's default --reconnect_grace_ms (this tool does not change it), in seconds.
 RECONNECT_GRACE_S = 3.0
 
@@ -299,6 +305,10 @@ def make_spec(args, ckpt_dir, data_dir):
                        "keep_last": 3},
         "workers": {"count": args.workers},
     }
+    if "grad_flip" in args.kinds:
+        # Non-finite windows are re-run and attributed; flips never drain a worker here (the
+        # campaign judges attribution, not the drain).
+        spec["validate"] = {"rerun_on": ["nonfinite"], "max_suspect": 1000}
     if args.model == "mlp":
         spec["model"] = {"mlp": {"hidden": 64}}
         spec["data"] = {"synthetic_regression": {"samples": 2048, "in_features": 16},
@@ -462,7 +472,8 @@ class Campaign:
         tmpfs = args.tmpfs_mb if "journal_full" in self.kinds else 0
         cluster = Cluster(self.bin_dir, job_dir, lease_ms=args.lease_ms, topology=self.topology,
                           state_tmpfs_mb=tmpfs, fsync_shim=self.shim,
-                          restart_delay_s=args.restart_delay, say=log)
+                          restart_delay_s=args.restart_delay, say=log,
+                          flip_files="grad_flip" in self.kinds)
         faults = []
         result = {"job": index, "dir": job_dir, "faults": 0, "problems": []}
         t_start = time.time()
@@ -615,8 +626,25 @@ class Campaign:
                  "update_before": p0.get("optimizer_update_id", 0), "spare_wait_s": spare_wait}
         timeout = max(60.0, self.lease_s * 4 + 30)
         fault["wait_s"] = timeout
-        rank_fault = kind not in COORDINATOR_FAULTS
-        if kind == "worker_kill" or kind == "worker_retire":
+        rank_fault = kind not in COORDINATOR_FAULTS + ("grad_flip",)
+        if kind == "grad_flip":
+            victim = self._victim(cluster)
+            worker_id = cluster.worker_id(victim) if victim is not None else None
+            if worker_id is None:
+                return None
+            transient_before = (p0 or {}).get("reruns_transient", 0)
+            t = cluster.arm_flip(victim)
+            fault.update(inject=t, ref=t, victim=victim.name, victim_worker_id=worker_id)
+            # Its window starts once the one in flight ends. Wait until the worker took it and
+            # the window's re-run was decided, so that the next fault's window and record come
+            # after this one's (the judge attributes each flip to the first transient re-run
+            # after it).
+            if not self._wait(lambda: not cluster.flip_armed(victim), timeout, interval=0.02):
+                fault["note"] = "the flip was not taken: the victim ran no window after it"
+            elif not self._wait(lambda: (job_progress(cluster)[1] or {}).get(
+                    "reruns_transient", 0) > transient_before, timeout, interval=0.05):
+                fault["note"] = "no transient re-run was counted after the flip"
+        elif kind == "worker_kill" or kind == "worker_retire":
             if kind == "worker_retire" and not self._spare_registered(cluster):
                 return None  # only while a spare is registered
             victim = self._victim(cluster)
@@ -855,6 +883,13 @@ class Campaign:
             if f.get("serving") in listened and listened[f["serving"]] is not None:
                 f["ref"] = max(listened[f["serving"]], f["since"])
         for f in faults:
+            if f["kind"] == "grad_flip":
+                f["attributed_to"] = judge.flip_attribution(f, records)
+                if f["attributed_to"] != f["victim_worker_id"]:
+                    problems.append(
+                        f"fault {f['number']} (grad_flip on {f['victim_worker_id']}): the next "
+                        f"re-run named {f['attributed_to'] or 'nobody'} as transient")
+        for f in faults:
             f["recovery_s"] = judge.recovery(f, records)
             f["phases"] = judge.phases(f, records, generations, procs, detections)
             f["rollbacks"] = 0
@@ -959,6 +994,10 @@ def judge_campaign(faults, jobs, kinds, lease_s, enforce_bounds):
         per_kind[kind]["spare_wait_max_s"] = max(waits) if waits else None
         if kind == "checkpoint_kill":
             per_kind[kind]["mid_write"] = sum(1 for f in fs if f.get("mid_write"))
+        if kind == "grad_flip":
+            per_kind[kind]["attributed"] = sum(
+                1 for f in fs
+                if f.get("attributed_to") and f["attributed_to"] == f.get("victim_worker_id"))
         # Where the time went: p50 and max of each phase, in seconds from the fault's
         # reference time.
         per_kind[kind]["phases"] = {
@@ -1057,6 +1096,10 @@ def render_table(s):
             for x in (ph.get(n) or {} for n in PHASES))
         lines.append(f"  {kind:<17}{cells}{v.get('over_bound', 0):>6}"
                      f"{v.get('over_1s', '-'):>6}{v.get('rebuilt_generations', 0):>8}")
+    flips = s["per_kind"].get("grad_flip")
+    if flips and flips["injected"]:
+        lines.append(f"  grad_flip: {flips.get('attributed', 0)} of {flips['injected']} "
+                     "attributed to the flipped rank's worker (transient)")
     if s["stopped_early"]:
         lines.append(f"  stopped early: {s['stopped_early']}")
     lines.append("")
@@ -1089,6 +1132,11 @@ def render_markdown(s):
                    f"{v['failed_jobs']} |")
     for kind, why in s["kinds_skipped"].items():
         out.append(f"| `{kind}` | skipped: {why} | | | | | | | | | |")
+    flips = s["per_kind"].get("grad_flip")
+    if flips and flips["injected"]:
+        out.append("")
+        out.append(f"Gradient flips attributed to the flipped rank's worker (a transient "
+                   f"re-run naming it): {flips.get('attributed', 0)} of {flips['injected']}.")
     out.append("")
     out.append("Where the time went, per kind: p50 / max seconds from the fault's reference "
                "time (judge.phases) to the coordinator's first sign of it (detect), the "

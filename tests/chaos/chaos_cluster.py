@@ -119,7 +119,8 @@ class Cluster:
     """Coordinator + worker slots for one job. Not reusable: start(), run, close()."""
 
     def __init__(self, bin_dir, work_dir, *, lease_ms=None, topology=None, state_tmpfs_mb=0,
-                 fsync_shim=None, worker_threads=1, restart_delay_s=0.5, say=print):
+                 fsync_shim=None, worker_threads=1, restart_delay_s=0.5, say=print,
+                 flip_files=False):
         self.bin_dir = bin_dir
         self.dir = work_dir
         os.makedirs(os.path.join(work_dir, "logs"), exist_ok=True)
@@ -128,6 +129,10 @@ class Cluster:
         self.worker_threads = worker_threads
         self.restart_delay_s = restart_delay_s
         self.say = say
+        # grad_flip: each slot's worker flips its next window's gradient when its file exists.
+        self.flip_dir = os.path.join(work_dir, "flips") if flip_files else None
+        if self.flip_dir:
+            os.makedirs(self.flip_dir, exist_ok=True)
         self.stopping = threading.Event()
         self.job_over = threading.Event()
         self.lock = threading.Lock()
@@ -300,6 +305,8 @@ class Cluster:
                 f"--threads={self.worker_threads}", "--log-format", "json"]
         if self.topology is not None:
             argv += ["--collective-host", self.topology.address(slot.node)]
+        if self.flip_dir:
+            argv.append(f"--debug-flip-grad-file={os.path.join(self.flip_dir, str(slot.index))}")
         return argv
 
     def _worker_loop(self, slot):
@@ -357,8 +364,30 @@ class Cluster:
             out.setdefault(types_pb2.WorkerState.Name(w.state), []).append(p)
         return out
 
+    def worker_id(self, proc):
+        """The worker id `proc` registered as (ListWorkers by name), or None."""
+        try:
+            from trainstep.v1 import job_service_pb2 as pb
+            response = self.client()._unary("ListWorkers", pb.ListWorkersRequest(
+                job_id=self.job_id))
+        except Exception:  # noqa: BLE001 - a restarting coordinator: none now
+            return None
+        return next((w.worker_id for w in response.workers if w.name == proc.name), None)
+
     # ------------------------------------------------------------------------------------
     # Faults
+
+    def flip_armed(self, proc):
+        return os.path.exists(os.path.join(self.flip_dir, str(proc.slot)))
+
+    def arm_flip(self, proc):
+        """grad_flip: `proc`'s worker flips the gradient of its next window's first run.
+        Returns the time it was armed."""
+        path = os.path.join(self.flip_dir, str(proc.slot))
+        with open(path + ".tmp", "w") as f:
+            f.write("armed by chaos.py\n")
+        os.replace(path + ".tmp", path)  # whole, or not there
+        return time.time()
 
     def kill_coordinator(self):
         """SIGKILL; the supervisor restarts it. Returns (kill time, the killed Proc)."""

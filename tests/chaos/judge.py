@@ -398,6 +398,19 @@ def judge_rollbacks(records, generations, procs):
 # ---------------------------------------------------------------------------------------
 # Recovery times
 
+def flip_attribution(fault, records):
+    """The worker the first re-run after a grad_flip fault's injection names as transient
+    (its record's `rerun`), or None when no re-run after it found a transient fault. The flip
+    lands in the victim's next window, so that re-run is the flip's."""
+    for r in records:
+        rerun = r.get("rerun")
+        if r["end_time_ms"] / 1000.0 < fault["inject"] or not rerun:
+            continue
+        if rerun.get("verdict") == "transient":
+            return rerun.get("worker_id")
+    return None
+
+
 def recovery(fault, records):
     """Seconds from the fault's reference time to the end of the next commit that shows the
     job past the fault: for a lost rank (RANK_FAULTS) a commit of a newer generation than the

@@ -312,6 +312,28 @@ class LogParsingTest(unittest.TestCase):
         self.assertEqual(sorted(judge.worker_generations(lines)), [1, 3])
 
 
+class FlipAttributionTest(unittest.TestCase):
+    """Catches a campaign that counts a flip as attributed when the re-run named another
+    worker, a persistent verdict, or a re-run from before the flip was armed."""
+
+    @staticmethod
+    def rerun(uid, t_ms, verdict, worker_id):
+        r = commit(uid, 1, t_ms)
+        r["rerun"] = {"cause": "nonfinite", "verdict": verdict, "worker_id": worker_id}
+        return r
+
+    def test_the_first_transient_rerun_after_the_flip_names_its_worker(self):
+        records = [self.rerun(1, 900, "transient", "w-1"), commit(2, 1, 1500),
+                   self.rerun(3, 2100, "persistent", "w-3"),
+                   self.rerun(4, 2200, "transient", "w-2"), self.rerun(5, 2300, "transient", "w-1")]
+        f = {"kind": "grad_flip", "inject": 1.0}
+        self.assertEqual(judge.flip_attribution(f, records), "w-2")
+
+    def test_no_transient_rerun_after_the_flip_is_nobody(self):
+        records = [self.rerun(1, 900, "transient", "w-1"), commit(2, 1, 1500)]
+        self.assertIsNone(judge.flip_attribution({"kind": "grad_flip", "inject": 1.0}, records))
+
+
 class RecoveryTest(unittest.TestCase):
     def test_rank_fault_needs_a_newer_generation(self):
         records = [commit(1, 1, 1000), commit(2, 1, 2050), abort(2, 1, 9000),

@@ -84,6 +84,19 @@ TEST(FaultHooksTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample)
   EXPECT_EQ(hooks.AfterMicroSteps(6, 2, 2.5), 2.5);
   EXPECT_EQ(hooks.AfterMicroSteps(5, 1, 2.5), 2.5);
 
+  // Armed by a file: the next first run flips and consumes it; nothing after.
+  FaultOptions armed;
+  armed.flip_grad_file = ::testing::TempDir() + "/flip-" + std::to_string(getpid());
+  const FaultHooks by_file(v1::Debug(), armed);
+  std::ofstream(armed.flip_grad_file) << "";
+  for (int32_t run : {2, 1, 1}) {
+    std::unique_ptr<Replica> f = MlpReplica();
+    const bool existed = std::filesystem::exists(armed.flip_grad_file);
+    by_file.BeforeAllReduce(/*window_id=*/9, /*rank=*/0, run, *f);
+    EXPECT_EQ(f->UnscaleAndNorm(1.0).found_inf, run == 1 && existed) << "run " << run;
+  }
+  EXPECT_FALSE(std::filesystem::exists(armed.flip_grad_file));
+
   data::MicroBatch batch;
   batch.rows = batch.samples = 2;
   batch.feature_dim = 3;
