@@ -3,6 +3,8 @@
 #ifndef TRAINSTEP_COMMON_CLOCK_H_
 #define TRAINSTEP_COMMON_CLOCK_H_
 
+#include <chrono>
+
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -40,6 +42,21 @@ class FakeClock : public Clock {
  private:
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+// Seconds since it was started, on a steady clock: a duration that a step of the wall clock
+// (NTP, a resumed VM) cannot make negative or huge. Workers report such durations (phase
+// times), and the coordinator refuses reports whose times are out of range.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void Restart() { start_ = std::chrono::steady_clock::now(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace trainstep

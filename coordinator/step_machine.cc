@@ -23,6 +23,8 @@ namespace {
 
 constexpr double kClipEpsilon = 1e-6;
 constexpr double kNormRelativeTolerance = 1e-6;
+// The least σ a loss spike is measured in, relative to the mean loss (validate.spike_sigma).
+constexpr double kSpikeSigmaFloor = 1e-6;
 
 // The latest evaluation is the newest update record that carries one. Replay and Restore both
 // read it from the log, so a restored machine cannot disagree with the one it was taken from.
@@ -1009,10 +1011,15 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::ReportComplete(
   if (run > attempt->run) {
     // A re-run this coordinator never asked for: the one that did restarted, and the first
     // run's reports (not journaled) are gone. Nothing was applied: the window is retried.
-    if (run > 2 || !job_.spec().validate().rerun_on_size()) {
+    if (!job_.spec().validate().rerun_on_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("run ", run, " of window ", req.window_id(), " was never asked for"));
     }
+    // The restarted coordinator may have heard nothing else of the window (ranks stop sending
+    // their begin reports once their all-reduce ran): this report is the window in flight, so
+    // the abort is recorded and ends the generation.
+    if (!attempt->has_any_report()) attempt->first_report = now;
+    RETURN_IF_ERROR(RecordUnits(attempt, req.rank(), req.valid_units()));
     AbortInFlight(v1::WINDOW_REASON_RERUN_INTERRUPTED, now);
     MaybeFormGeneration(now);
     const v1::WindowDecision* d = FindDecision(req.generation(), req.window_id());
@@ -1326,17 +1333,20 @@ std::optional<std::string> StepMachine::RerunCause(const v1::WindowDecision& d) 
 bool StepMachine::IsSpike(double loss) const {
   const v1::Validate& v = job_.spec().validate();
   const size_t n = static_cast<size_t>(v.spike_window());
-  double sum = 0.0, sum_sq = 0.0;
-  size_t seen = 0;
-  for (auto it = updates_.rbegin(); it != updates_.rend() && seen < n; ++it) {
-    if (OutcomeOf(*it) != v1::COMMIT) continue;
-    sum += it->loss();
-    sum_sq += it->loss() * it->loss();
-    ++seen;
+  std::vector<double> losses;
+  losses.reserve(n);
+  for (auto it = updates_.rbegin(); it != updates_.rend() && losses.size() < n; ++it) {
+    if (OutcomeOf(*it) == v1::COMMIT) losses.push_back(it->loss());
   }
-  if (seen < n) return false;
+  if (losses.size() < n) return false;
+  double sum = 0.0;
+  for (const double x : losses) sum += x;
   const double mean = sum / static_cast<double>(n);
-  const double sigma = std::sqrt(std::max(0.0, sum_sq / static_cast<double>(n) - mean * mean));
+  double squares = 0.0;  // about the mean: E[x²] − mean² cancels to noise for close losses
+  for (const double x : losses) squares += (x - mean) * (x - mean);
+  // Losses equal to their last digits have σ ≈ 0; a rise in those digits is no spike.
+  const double sigma =
+      std::max(std::sqrt(squares / static_cast<double>(n)), kSpikeSigmaFloor * std::abs(mean));
   return loss > mean + v.spike_sigma() * sigma;
 }
 
@@ -1502,16 +1512,19 @@ void StepMachine::EndWindow(v1::WindowDecision d, absl::Time now) {
   }
   MaybeFinish(now);
   MaybeEndEmptyWindow(now);
-  MaybeGrow(now);
-  MaybeDrainSuspect(now);
-  MaybeReplaceStraggler(now);
+  // One change of members per boundary: the generation each forms runs a window first.
+  if (!MaybeGrow(now) && !MaybeDrainSuspect(now)) MaybeReplaceStraggler(now);
 }
 
-void StepMachine::MaybeGrow(absl::Time now) {
-  if (terminal() || !membership_.generation_live() || eval_due_.has_value() ||
-      membership_.world_size() >= job_.spec().workers().count() ||
-      StopReachedAfter(last_window_, update_id_) || membership_.Standbys().empty()) {
-    return;
+bool StepMachine::MembersMayChangeNow() const {
+  return !terminal() && membership_.generation_live() && !eval_due_.has_value() &&
+         !StopReachedAfter(last_window_, update_id_);
+}
+
+bool StepMachine::MaybeGrow(absl::Time now) {
+  if (!MembersMayChangeNow() || membership_.world_size() >= job_.spec().workers().count() ||
+      membership_.Standbys().empty()) {
+    return false;
   }
   // At a window boundary, with workers back: the next generation takes them (up to
   // workers.count). The members finish applying this decision first, then say so. Begin
@@ -1519,6 +1532,7 @@ void StepMachine::MaybeGrow(absl::Time now) {
   // anything of it, and their calls are answered ABORTED like any of the ended generation.
   EndGeneration("workers joined", /*worker_id=*/"", now);
   MaybeFormGeneration(now);
+  return true;
 }
 
 bool StepMachine::Drained(const std::string& worker_id) const {
@@ -1532,15 +1546,14 @@ bool StepMachine::StandbyReady() const {
                      [this](const std::string& id) { return !membership_.Find(id)->detached; });
 }
 
-void StepMachine::MaybeDrainSuspect(absl::Time now) {
+bool StepMachine::MaybeDrainSuspect(absl::Time now) {
   const v1::Validate& v = job_.spec().validate();
-  if (v.rerun_on().empty() || terminal() || !membership_.generation_live() ||
-      eval_due_.has_value() || StopReachedAfter(last_window_, update_id_)) {
-    return;
-  }
+  if (v.rerun_on().empty() || !MembersMayChangeNow()) return false;
   // A standby takes its rank, or the job goes on one rank smaller (elastic): a worker that
   // computes wrong costs more than a missing one. Below workers.min it stays, and is logged.
-  if (!StandbyReady() && membership_.world_size() - 1 < job_.spec().workers().min()) return;
+  if (!StandbyReady() && membership_.world_size() - 1 < job_.spec().workers().min()) {
+    return false;
+  }
   for (const std::string& id : membership_.Survivors()) {
     const int32_t faults = membership_.Find(id)->info.suspect_count();
     if (faults < v.max_suspect()) continue;
@@ -1548,16 +1561,14 @@ void StepMachine::MaybeDrainSuspect(absl::Time now) {
           absl::StrCat("faulty: a re-run found its first run not reproduced in ", faults,
                        " windows (validate.max_suspect ", v.max_suspect(), ")"),
           now);
-    return;
+    return true;
   }
+  return false;
 }
 
 void StepMachine::MaybeReplaceStraggler(absl::Time now) {
   const v1::Stragglers& policy = job_.spec().stragglers();
-  if (!policy.has_replace_below() || terminal() || !membership_.generation_live() ||
-      eval_due_.has_value() || StopReachedAfter(last_window_, update_id_)) {
-    return;
-  }
+  if (!policy.has_replace_below() || !MembersMayChangeNow()) return;
   // Only with a standby to take its place: draining alone would shrink the world (or stop
   // the job below workers.min), which costs more than a slow rank does.
   if (!StandbyReady()) return;

@@ -238,16 +238,20 @@ class StepMachine {
   void MaybeFinish(absl::Time now);
   void FailJob(const std::string& message, absl::Time now);
   void MaybeFormGeneration(absl::Time now);
+  // Whether the members may change at this window boundary: a live generation, no evaluation
+  // due, and the job not at its stop.
+  bool MembersMayChangeNow() const;
   // At a window boundary of a generation smaller than workers.count, with standbys waiting:
-  // ends it, so that the next one takes them.
-  void MaybeGrow(absl::Time now);
+  // ends it, so that the next one takes them. Returns whether it did.
+  bool MaybeGrow(absl::Time now);
   // At a window boundary (stragglers.replace_below): drains the rank whose relative score
   // stayed below the threshold for replace_after_windows scored windows, when a standby is
   // ready to take its rank; the generation ends and the next one forms with the standby.
   void MaybeReplaceStraggler(absl::Time now);
   // At a window boundary (validate.max_suspect): drains a rank found faulty that many times,
-  // when a standby can take its rank or workers.min lets the job go on without it.
-  void MaybeDrainSuspect(absl::Time now);
+  // when a standby can take its rank or workers.min lets the job go on without it. Returns
+  // whether it did.
+  bool MaybeDrainSuspect(absl::Time now);
   // Ends the generation after this window (naming `worker_id`, for `why`), journals the worker
   // drained (LOST, told to exit) for `reason`, and forms the next generation without it.
   void Drain(const std::string& worker_id, const std::string& why, const std::string& reason,

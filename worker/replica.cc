@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "worker/amp.h"
@@ -145,12 +146,13 @@ at::Tensor Replica::ForwardLossSum(const MicroBatchTensors& t) {
 absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double multiplier,
                                           MicroStepTimes* times, const GradientReadyFn* on_ready) {
   double loss_sum = 0.0;
-  const absl::Time start = absl::Now();
-  absl::Time backward_start;
+  Stopwatch phase;
+  double forward_seconds = 0.0;
   RETURN_IF_ERROR(Catching("forward/backward", [&] {
     at::Tensor loss = ForwardLossSum(ToTensors(mb, token_level_, device_));
     loss_sum = loss.item<double>();
-    backward_start = absl::Now();
+    forward_seconds = phase.Seconds();
+    phase.Restart();
     if (on_ready != nullptr && *on_ready && gradient_hooks()) {
       hook_target_->on_ready.store(on_ready, std::memory_order_release);
     }
@@ -160,8 +162,8 @@ absl::StatusOr<double> Replica::MicroStep(const data::MicroBatch& mb, double mul
     torch::autograd::backward({loss * multiplier});
   }));
   if (times != nullptr) {
-    times->forward_seconds = absl::ToDoubleSeconds(backward_start - start);
-    times->backward_seconds = absl::ToDoubleSeconds(absl::Now() - backward_start);
+    times->forward_seconds = forward_seconds;
+    times->backward_seconds = phase.Seconds();
   }
   return loss_sum;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/address.h"
+#include "common/clock.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/spec.h"
@@ -480,7 +481,7 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
   // overlaps: the whole local gradient exists here).
   if (Validates()) run.grad_checksum = replica_->GradientChecksum();
 
-  const absl::Time reduce_start = absl::Now();
+  const Stopwatch reduce_watch;
   absl::StatusOr<AllReduceStats> reduced =
       pending != nullptr ? pending->Finish(replica_->BucketGradients())
                          : collective_->AllReduceSum(replica_->BucketGradients());
@@ -493,7 +494,7 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
   if (!reduced.ok()) return reduced.status();
   run.reduced = *reduced;
   // What the window waited for after backward; what ran behind backward is reported apart.
-  run.reduce_seconds = absl::ToDoubleSeconds(absl::Now() - reduce_start);
+  run.reduce_seconds = reduce_watch.Seconds();
   if (pending != nullptr) {
     const std::optional<absl::Time> first = pending->first_launch();
     run.overlapped_seconds = first.has_value() && *first < backward_end
@@ -535,9 +536,9 @@ absl::StatusOr<v1::CompleteWindowResponse> Worker::ReportWindow(
   if (run.number > 1) complete.set_run(run.number);
   if (run.grad_checksum.has_value()) complete.set_grad_checksum(*run.grad_checksum);
   for (const v1::SampleLoss& s : run.sample_losses) *complete.add_sample_losses() = s;
-  const absl::Time decision_asked = absl::Now();
+  const Stopwatch decision_wait;
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
-  last_decision_wait_seconds_ = absl::ToDoubleSeconds(absl::Now() - decision_asked);
+  last_decision_wait_seconds_ = decision_wait.Seconds();
   return c;
 }
 
@@ -585,10 +586,10 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
   double loss_sum = 0.0;
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const std::vector<int64_t>& mb = micro_batches[k];
-    const absl::Time collate_start = absl::Now();
+    const Stopwatch collate;
     data::MicroBatch batch = data::Collate(*dataset_, mb);
     faults_->PoisonSamples(mb, batch);
-    times->data_seconds += absl::ToDoubleSeconds(absl::Now() - collate_start);
+    times->data_seconds += collate.Seconds();
     const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
     const double multiplier =
         BackwardMultiplier(spec_.loss().normalization(), loss_scale, global_units, micro_units,

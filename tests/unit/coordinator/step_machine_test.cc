@@ -2845,6 +2845,33 @@ TEST(StepMachineTest, AReproducedSpikeIsCommittedOrSkippedAsTheSpecSays) {
   }
 }
 
+// Catches: σ computed as E[x²] − mean² (noise for close losses) or with no floor, so that
+// losses equal to their last digits make a rise in those digits a "spike": every such window
+// re-run, and skipped as LOSS_SPIKE under skip_spikes. A real rise is still one.
+TEST(StepMachineTest, ALossRiseInItsLastDigitsIsNoSpike) {
+  SimulatedRanks sim(ResolvedSpec(
+      Validated(R"({"rerun_on":["spike"],"spike_window":3,"spike_sigma":6,"skip_spikes":true})")));
+  sim.Start(2);
+  for (int w = 0; w < 3; ++w) {
+    std::vector<RankReport> r = Checksummed();
+    r[0].loss_sum = r[1].loss_sum = 0.1 * 10.0 * 11.0;  // loss 1.1 each window, to rounding
+    ASSERT_EQ(sim.RunWindow(r).outcome(), v1::COMMIT);
+  }
+  std::vector<RankReport> close = Checksummed();
+  close[0].loss_sum = close[1].loss_sum = 11.0 * (1.0 + 1e-9);
+  const v1::WindowDecision d = sim.RunWindow(close);
+  EXPECT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_FALSE(d.record().has_rerun()) << d.record().rerun().ShortDebugString();
+
+  const int64_t window = sim.next_window();
+  sim.BeginAll(window, {10, 10});
+  std::vector<RankReport> risen = Checksummed();
+  risen[0].loss_sum = risen[1].loss_sum = 11.0 * 1.01;  // 1 % up from constant losses
+  const v1::WindowDecision spike = sim.CompleteWithRerun(window, risen, risen);
+  EXPECT_EQ(spike.record().rerun().cause(), "spike");
+  EXPECT_EQ(spike.outcome(), v1::SKIP);
+}
+
 // Catches: a worker faulty max_suspect times kept training, or drained mid-window.
 TEST(StepMachineTest, AWorkerFaultyMaxSuspectTimesIsDrainedForAStandby) {
   SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"],"max_suspect":2})")));
@@ -2869,18 +2896,36 @@ TEST(StepMachineTest, AWorkerFaultyMaxSuspectTimesIsDrainedForAStandby) {
 }
 
 // Catches: a re-run report reaching a coordinator that never asked for it (it restarted and
-// lost the first run's reports) decided as if it were a first run.
+// lost the first run's reports) decided as if it were a first run; and, when the restarted
+// coordinator heard nothing else of the window (ranks stop re-sending their begin reports
+// once their all-reduce ran), answered "aborted: rejoin" with nothing aborted: no record, the
+// generation left live, the ranks stuck until their heartbeats ended it.
 TEST(StepMachineTest, AReRunNobodyAskedForAbortsTheWindow) {
-  SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"]})")));
-  sim.Start(2);
-  sim.BeginAll(1, {10, 10});
-  RankReport second = Checksummed()[0];
-  second.run = 2;
-  auto a = sim.Complete(0, 1, second);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(a->ready);
-  EXPECT_EQ(a->response.decision().outcome(), v1::ABORT);
-  EXPECT_EQ(a->response.decision().reason_code(), v1::WINDOW_REASON_RERUN_INTERRUPTED);
+  for (const bool begun : {true, false}) {
+    SCOPED_TRACE(begun ? "begin reports seen" : "nothing seen of the window");
+    SimulatedRanks sim(ResolvedSpec(Validated(R"({"rerun_on":["nonfinite"]})")));
+    sim.Start(2);
+    if (begun) {
+      sim.BeginAll(1, {10, 10});
+    } else {
+      sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+      sim.registry().Recovered(sim.now());
+    }
+    // Both ranks' re-run reports get the same answer: the window aborted, both rejoin.
+    const int64_t generation = sim.generation();
+    for (int rank = 0; rank < 2; ++rank) {
+      RankReport second = Checksummed()[rank];
+      second.run = 2;
+      v1::CompleteWindowRequest req = sim.CompleteRequest(rank, 1, second);
+      req.set_generation(generation);  // the ranks' own, whether or not the next one formed
+      auto a = sim.Complete(req);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(a->ready);
+      EXPECT_EQ(a->response.decision().outcome(), v1::ABORT);
+      EXPECT_EQ(a->response.decision().reason_code(), v1::WINDOW_REASON_RERUN_INTERRUPTED);
+    }
+    EXPECT_EQ(sim.progress().windows_aborted(), 1) << "the abort was not recorded";
+  }
 }
 
 }  // namespace
