@@ -20,13 +20,15 @@ void FaultHooks::BeforeAllReduce(int64_t window_id, int32_t rank, int32_t run,
     flip = std::filesystem::remove(options_.flip_grad_file, ec);
   }
   if (flip) {
-    LogWarning(absl::StrCat("--debug-flip-grad-window: +inf into this rank's gradient in window ",
-                            window_id, " (first run)"));
+    LogWarning(
+        absl::StrCat("fault injection (test only): +inf into this rank's gradient in window ",
+                     window_id, " (first run)"));
   }
   if (flip || InjectsNonFinite(window_id, rank)) replica.InjectNonFinite();
 }
 
 bool FaultHooks::ChangesGradientsBeforeAllReduce(int64_t window_id, int32_t rank) const {
+  // A flip file may be armed for any window.
   return options_.flip_grad_window == window_id || !options_.flip_grad_file.empty() ||
          InjectsNonFinite(window_id, rank);
 }

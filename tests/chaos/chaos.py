@@ -632,7 +632,7 @@ class Campaign:
             worker_id = cluster.worker_id(victim) if victim is not None else None
             if worker_id is None:
                 return None
-            transient_before = (p0 or {}).get("reruns_transient", 0)
+            transient_before = p0.get("reruns_transient", 0)
             t = cluster.arm_flip(victim)
             fault.update(inject=t, ref=t, victim=victim.name, victim_worker_id=worker_id)
             # Its window starts once the one in flight ends. Wait until the worker took it and
@@ -885,7 +885,8 @@ class Campaign:
         for f in faults:
             if f["kind"] == "grad_flip":
                 f["attributed_to"] = judge.flip_attribution(f, records)
-                if f["attributed_to"] != f["victim_worker_id"]:
+                f["attributed"] = f["attributed_to"] == f["victim_worker_id"]
+                if not f["attributed"]:
                     problems.append(
                         f"fault {f['number']} (grad_flip on {f['victim_worker_id']}): the next "
                         f"re-run named {f['attributed_to'] or 'nobody'} as transient")
@@ -995,9 +996,7 @@ def judge_campaign(faults, jobs, kinds, lease_s, enforce_bounds):
         if kind == "checkpoint_kill":
             per_kind[kind]["mid_write"] = sum(1 for f in fs if f.get("mid_write"))
         if kind == "grad_flip":
-            per_kind[kind]["attributed"] = sum(
-                1 for f in fs
-                if f.get("attributed_to") and f["attributed_to"] == f.get("victim_worker_id"))
+            per_kind[kind]["attributed"] = sum(1 for f in fs if f.get("attributed"))
         # Where the time went: p50 and max of each phase, in seconds from the fault's
         # reference time.
         per_kind[kind]["phases"] = {

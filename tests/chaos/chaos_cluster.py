@@ -345,19 +345,23 @@ class Cluster:
         with self.lock:
             return list(self.coordinators) + [p for s in self.slots for p in s.procs]
 
+    def _workers(self):
+        """The job's WorkerInfo list from ListWorkers; [] when the coordinator does not answer
+        (it is restarting)."""
+        try:
+            from trainstep.v1 import job_service_pb2 as pb
+            return list(self.client()._unary("ListWorkers", pb.ListWorkersRequest(
+                job_id=self.job_id)).workers)
+        except Exception:  # noqa: BLE001 - a restarting coordinator: nothing to choose from
+            return []
+
     def workers_by_state(self):
         """{"ACTIVE": [Proc...], "READY": [...], ...} of the running worker processes, from
         ListWorkers (names map to incarnations). {} when the coordinator does not answer."""
-        try:
-            from trainstep.v1 import job_service_pb2 as pb
-            response = self.client()._unary("ListWorkers", pb.ListWorkersRequest(
-                job_id=self.job_id))
-        except Exception:  # noqa: BLE001 - a restarting coordinator: nothing to choose from
-            return {}
         from trainstep.v1 import types_pb2
         by_name = {p.name: p for p in self.worker_procs() if p.running()}
         out = {}
-        for w in response.workers:
+        for w in self._workers():
             p = by_name.get(w.name)
             if p is None:
                 continue
@@ -366,13 +370,7 @@ class Cluster:
 
     def worker_id(self, proc):
         """The worker id `proc` registered as (ListWorkers by name), or None."""
-        try:
-            from trainstep.v1 import job_service_pb2 as pb
-            response = self.client()._unary("ListWorkers", pb.ListWorkersRequest(
-                job_id=self.job_id))
-        except Exception:  # noqa: BLE001 - a restarting coordinator: none now
-            return None
-        return next((w.worker_id for w in response.workers if w.name == proc.name), None)
+        return next((w.worker_id for w in self._workers() if w.name == proc.name), None)
 
     # ------------------------------------------------------------------------------------
     # Faults
