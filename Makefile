@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DTRAINSTEP_BUILD_WORKER=ON
 export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 
-.PHONY: deps configure build test test-unit check-format demo bench check-gpu-build clean
+.PHONY: deps configure build test test-unit check-format demo bench check-gpu-build clean flake-hunt
 
 deps:
 	./scripts/install-deps.sh
@@ -26,6 +26,15 @@ test: build
 # Every tracked C++ file as clang-format (.clang-format: Google, 100 columns) writes it.
 check-format: deps
 	./scripts/check-format.sh
+
+# The process tests (integration, conformance, chaos) FLAKE_REPEAT times each, with every core
+# kept busy, FLAKE_ROUNDS times in a row: a test that races a timer or a busy core fails here.
+# FLAKE_REGEX narrows it to matching test names. About 10 min a round on 2 cores.
+FLAKE_REPEAT ?= 3
+FLAKE_ROUNDS ?= 1
+FLAKE_REGEX ?=
+flake-hunt: build
+	FLAKE_ROUNDS=$(FLAKE_ROUNDS) BUILD_DIR=$(BUILD_DIR) ./scripts/flake-hunt.sh "$(FLAKE_REGEX)" $(FLAKE_REPEAT)
 
 test-unit: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) -L unit

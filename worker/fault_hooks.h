@@ -65,8 +65,10 @@ class FaultHooks {
   // In the evaluation of `update_id`, before reporting it: --debug-exit-in-eval exits (code 3).
   void InEval(int64_t update_id) const;
   // Before window `window_id` starts: --debug-hold-file waits while its file exists. Bounded,
-  // so a test that forgets the file slows a job down instead of hanging it.
-  static constexpr absl::Duration kMaxHold = absl::Seconds(60);
+  // so a test that forgets the file slows a job down instead of hanging it; longer than any
+  // test waits while holding (120 s for newcomers to start on a loaded machine), so a hold
+  // never ends on its own while the test still counts on it.
+  static constexpr absl::Duration kMaxHold = absl::Seconds(300);
   void BeforeWindow(int64_t window_id) const;
   // After a micro-step that took `compute`: --debug-slow-factor sleeps (factor - 1) × compute,
   // so the rank's compute takes factor × as long, as on a slow device. Returns the time slept.

@@ -22,7 +22,8 @@ rc=$?
 grep -q '"coordinator": "127.0.0.1:' "$DIR/run/endpoints.json" || fail "endpoints.json lacks the coordinator"
 [ "$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$DIR/run/endpoints.json" | wc -l)" -eq 3 ] || fail "endpoints.json lacks metrics URLs"
 [ "$(wc -l <"$DIR/run/updates.jsonl")" -eq 16 ] || fail "expected 16 windows in updates.jsonl"
-sleep 0.5
+# launch.sh has returned; its children may still be exiting: wait for them (bounded), not a while.
+for _ in $(seq 1 100); do pgrep -f -- "$DIR/run" >/dev/null || break; sleep 0.1; done
 pgrep -f -- "$DIR/run" >/dev/null && fail "processes left behind"
 
 # A worker killed mid-run is restarted (as Kubernetes would) and the job still succeeds.
@@ -30,10 +31,15 @@ sed 's/"epochs":2/"epochs":400/' "$DIR/spec.json" >"$DIR/long.json"
 timeout 300 "$ROOT/deploy/local/launch.sh" --spec "$DIR/long.json" --out "$DIR/restart" --bin "$BIN" --worker-flag --device=cpu \
   --restart-workers --coordinator-flag=--worker-lease-ms=1500 >"$DIR/restart.out" 2>&1 &
 LAUNCH=$!
-for _ in $(seq 1 300); do
-  [ -s "$DIR/restart/endpoints.json" ] && grep -q 'window 20 ' "$DIR/restart.out" 2>/dev/null && break
+# Killed once training is under way (window 20 seen), however long a loaded machine takes to
+# get there; never before a generation formed.
+started=0
+for _ in $(seq 1 1800); do
+  [ -s "$DIR/restart/endpoints.json" ] && grep -q 'window 20 ' "$DIR/restart.out" 2>/dev/null && { started=1; break; }
+  kill -0 $LAUNCH 2>/dev/null || break
   sleep 0.1
 done
+[ $started -eq 1 ] || fail "the long job never reached window 20"
 victim=$(pgrep -f -- "--port-file $DIR/restart/worker-1.ports" | head -1)
 [ -n "$victim" ] || fail "no worker-1 to kill"
 kill -9 "$victim"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/spec.h"
 #include "coordinator/coordinator.h"
@@ -125,26 +126,36 @@ class LoopbackTest : public ::testing::Test {
     return out;
   }
 
-  // Two ranks and a standby run `windows` windows under a 400 ms lease; rank 1 crashes in
-  // window 20, so the log has (generation 1, window 20) aborted and (2, 20) its retry.
+  // Two ranks and a standby run `windows` windows under a 400 ms lease; whichever worker is
+  // rank 1 of the first generation crashes as it reports window 20, so the log has
+  // (generation 1, window 20) aborted and (2, 20) its retry. Which worker becomes rank 1, and
+  // which the standby, depends on who attaches first: the victim is the one the coordinator
+  // made rank 1, found from its own assignment, never an index chosen in advance.
+  // `*victim` is its index in `*statuses`.
   void RunLosingRank1InWindow20(int64_t windows, std::string* job,
-                                std::vector<absl::Status>* statuses) {
+                                std::vector<absl::Status>* statuses, size_t* victim) {
     server_.reset();
     coordinator_.reset();
     StartCoordinator(absl::Milliseconds(400));
     *job = Submit(Spec(2, 2 * windows));
-    std::atomic<SimulatedWorker*> victim{nullptr};
-    auto report = [&](int64_t window, int rank) {
-      if (window == 20 && rank == 1 && victim.load() != nullptr) victim.load()->Crash();
-      return SimReport{};
-    };
     std::vector<std::unique_ptr<SimulatedWorker>> workers;
-    for (int i = 0; i < 3; ++i) {
+    std::atomic<bool> crashed{false};
+    std::atomic<size_t> crashed_index{SIZE_MAX};
+    for (size_t i = 0; i < 3; ++i) {
+      // Each worker's reports come from its own Run thread, so `i` is the reporting worker.
+      auto report = [&, i](int64_t window, int rank) {
+        if (window == 20 && rank == 1 && !crashed.exchange(true)) {
+          crashed_index = i;
+          workers[i]->Crash();
+        }
+        return SimReport{};
+      };
       workers.push_back(std::make_unique<SimulatedWorker>(address_, *job, 2 * windows, report));
       ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
     }
-    victim = workers[1].get();
     *statuses = RunAll(workers);
+    ASSERT_TRUE(crashed.load()) << "no worker reported window 20 as rank 1";
+    *victim = crashed_index.load();
   }
 
   // The body of EightRanksThousandWindows. `pipeline`: each CompleteWindow carries the next
@@ -266,10 +277,15 @@ TEST_F(LoopbackTest, LostWorkerIsReplacedAndWindowRetried) {
   constexpr int64_t kWindows = 60;
   std::string job;
   std::vector<absl::Status> statuses;
-  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(kWindows, &job, &statuses));
-  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
-  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(statuses[2].ok()) << statuses[2];
+  size_t victim = 0;
+  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(kWindows, &job, &statuses, &victim));
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    if (i == victim) {
+      EXPECT_EQ(statuses[i].code(), absl::StatusCode::kCancelled) << "the crashed worker " << i;
+    } else {
+      EXPECT_TRUE(statuses[i].ok()) << "worker " << i << ": " << statuses[i];
+    }
+  }
 
   EXPECT_EQ(GetJob(job).state(), v1::SUCCEEDED);
   const std::vector<v1::UpdateRecord> log = AllUpdates(job);
@@ -297,7 +313,8 @@ TEST_F(LoopbackTest, LostWorkerIsReplacedAndWindowRetried) {
 TEST_F(LoopbackTest, WatchResumedAfterARecordSendsExactlyTheRest) {
   std::string job;
   std::vector<absl::Status> statuses;
-  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(30, &job, &statuses));
+  size_t victim = 0;
+  ASSERT_NO_FATAL_FAILURE(RunLosingRank1InWindow20(30, &job, &statuses, &victim));
   const std::vector<v1::UpdateRecord> log = AllUpdates(job);
   size_t abort = 0;
   while (abort < log.size() && log[abort].outcome() != "abort") ++abort;
@@ -355,30 +372,38 @@ TEST_F(LoopbackTest, CoordinatorRestartLosesNothingOneCallEach) {
 
 void LoopbackTest::RunCoordinatorRestartLosesNothing(bool pipeline) {
   constexpr int64_t kWindows = 200;
+  constexpr int64_t kRestartBefore = 51;
   const std::string job =
       Submit(Spec(2, 2 * kWindows, R"(,"checkpoint":{"dir":"/tmp/x","every_updates":50})"));
+  // Rank 0 is held as it prepares window 51's report (with one call per window: while window
+  // 50's report is still unsent) until the coordinator has restarted, so the restart always
+  // lands mid-run, whatever the load on the machine: no thread has to win a race to it.
+  absl::Notification held, restarted;
+  std::atomic<bool> hold_once{false};
+  auto report = [&](int64_t window, int rank) {
+    if (window == kRestartBefore && rank == 0 && !hold_once.exchange(true)) {
+      held.Notify();
+      restarted.WaitForNotificationWithTimeout(absl::Seconds(120));
+    }
+    return SimReport{};
+  };
   std::vector<std::unique_ptr<SimulatedWorker>> workers;
   for (int i = 0; i < 2; ++i) {
-    workers.push_back(std::make_unique<SimulatedWorker>(address_, job, 2 * kWindows,
-                                                        [](int64_t, int) { return SimReport{}; }));
+    workers.push_back(std::make_unique<SimulatedWorker>(address_, job, 2 * kWindows, report));
     workers.back()->set_pipeline_begin(pipeline);
     ASSERT_TRUE(workers.back()->Register(absl::StrCat("sim-", i)).ok());
   }
-  size_t decided_at_restart = 0;
+  bool restart_mid_run = false;
   std::thread restarter([&] {
-    // Restart once the run is under way.
-    for (int i = 0; i < 2000 && workers[0]->decisions().size() < 50; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    decided_at_restart = workers[0]->decisions().size();
+    restart_mid_run = held.WaitForNotificationWithTimeout(absl::Seconds(120));
     const int port = server_->port();
     StopCoordinator();
     StartCoordinator(absl::Seconds(30), port);
+    restarted.Notify();
   });
   std::vector<absl::Status> statuses = RunAll(workers);
   restarter.join();
-  EXPECT_GE(decided_at_restart, 50u);
-  EXPECT_LT(decided_at_restart, static_cast<size_t>(kWindows));  // the restart hit mid-run
+  EXPECT_TRUE(restart_mid_run) << "rank 0 never prepared window " << kRestartBefore;
   for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
   const v1::Job done = GetJob(job);
   EXPECT_EQ(done.state(), v1::SUCCEEDED) << done.message();

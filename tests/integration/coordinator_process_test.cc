@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/simulated_worker.h"
 
@@ -37,9 +38,35 @@ TEST(CoordinatorProcessTest, SigtermDrainsWaitingCallsAndExitsZero) {
                               [](int64_t, int) { return testing::SimReport{}; });
   ASSERT_TRUE(w0.Register("w0").ok());
   ASSERT_TRUE(w1.Register("w1").ok());
-  w1.Crash();  // registered (so the generation forms) but never reports a window
+  // w1 stops once it is READY or placed (its heartbeat reported the dataset), so the generation
+  // forms with it, but never reports a window. Stopped before that, it would keep the generation
+  // from forming at all, and rank 0 would wait for an assignment, not in the barrier.
+  const auto w1_ready = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListWorkersRequest req;
+    req.set_job_id(*job);
+    v1::ListWorkersResponse resp;
+    if (!(*c)->jobs()->ListWorkers(&ctx, req, &resp).ok()) return false;
+    for (const v1::WorkerInfo& w : resp.workers()) {
+      if (w.worker_id() == w1.worker_id()) return w.state() == v1::READY || w.state() == v1::ACTIVE;
+    }
+    return false;
+  };
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       !w1_ready() && absl::Now() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(w1_ready()) << (*c)->Logs();
+  w1.Crash();
   std::thread run([&] { (void)w0.Run(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  // Terminated once rank 0 has sent its BeginWindow (it then waits in the barrier for rank 1),
+  // however long a loaded machine takes to get it there.
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       w0.plain_begins() < 1 && absl::Now() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(w0.plain_begins(), 1);
   const int code = (*c)->TerminateCoordinator(absl::Seconds(15));
   w0.Crash();
   run.join();
@@ -173,10 +200,12 @@ TEST(CoordinatorProcessTest, PauseLongerThanTheLeaseDoesNotFailTheJob) {
   absl::Status s0, s1;
   std::thread t0([&] { s0 = w0.Run(); });
   std::thread t1([&] { s1 = w1.Run(); });
-  for (int i = 0; i < 1000 && windows < 10; ++i) {
+  // Paused once the job is under way, however long that takes on a loaded machine.
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(60);
+       windows < 10 && absl::Now() < give_up;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_GE(windows.load(), 10);
+  ASSERT_GE(windows.load(), 10) << (*c)->Logs();
   ASSERT_EQ(kill((*c)->coordinator_pid(), SIGSTOP), 0);
   std::this_thread::sleep_for(std::chrono::seconds(3));
   ASSERT_EQ(kill((*c)->coordinator_pid(), SIGCONT), 0);

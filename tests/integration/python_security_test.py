@@ -54,12 +54,14 @@ class PythonSecurityTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def cli_error(self, *args, env):
-        r = self.cluster.cli(*args, "--timeout=3s", env={"TRAINSTEP_TOKEN": "", **env})
+        r = self.cluster.cli(*args, "--timeout=10s", env={"TRAINSTEP_TOKEN": "", **env})
         self.assertNotEqual(r.returncode, 0, r.stdout)
         return r.returncode, r.stderr[len("error: "):].rstrip("\n")
 
     def client(self, **kwargs):
-        return trainstep.Client(self.cluster.address, timeout=3, **kwargs)
+        # Refusals come at once (an unreachable TLS peer takes the whole deadline); 10 s outlasts a
+        # loaded machine, where 3 s let the client and the CLI disagree (one timed out).
+        return trainstep.Client(self.cluster.address, timeout=10, **kwargs)
 
     # Catches: an mTLS client certificate or a token not sent, the submitter not recorded.
     def test_certificates_and_tokens_authenticate(self):

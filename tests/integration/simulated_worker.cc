@@ -1,5 +1,6 @@
 #include "tests/integration/simulated_worker.h"
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -10,11 +11,14 @@
 namespace trainstep::testing {
 namespace {
 
-WorkerClientOptions ClientOptions() {
+// `crashed`: a crashed worker stops waiting at its next retry (a coordinator that went away
+// would otherwise keep it retrying for give_up_after).
+WorkerClientOptions ClientOptions(const std::atomic<bool>* crashed) {
   WorkerClientOptions o;
   o.rpc_timeout = absl::Seconds(5);
   o.barrier_poll = absl::Seconds(5);
   o.give_up_after = absl::Seconds(60);
+  o.keep_waiting = [crashed] { return !crashed->load(); };
   return o;
 }
 
@@ -29,7 +33,7 @@ SimulatedWorker::SimulatedWorker(const std::string& address, std::string job_id,
     : job_id_(std::move(job_id)),
       dataset_samples_(dataset_samples),
       report_(std::move(report)),
-      client_(MakeChannel(address), ClientOptions()) {}
+      client_(MakeChannel(address), ClientOptions(&crashed_)) {}
 
 SimulatedWorker::~SimulatedWorker() { StopHeartbeats(); }
 

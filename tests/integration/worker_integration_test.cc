@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/job_state.h"
 #include "tests/integration/cluster_test.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/torchscript_fixture.h"
@@ -375,15 +376,20 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
   std::vector<pid_t> first;
   for (int i = 0; i < 2; ++i) first.push_back(*cluster.StartWorker(*b));
   int64_t killed_at = -1;
-  for (int i = 0; i < 2400 && killed_at < 0; ++i) {
+  // Bounded by time, not by a count of polls: on a loaded machine the workers alone can take
+  // longer to start than a fixed number of polls lasts. Stops if the job ends first.
+  bool ended = false;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(300);
+       killed_at < 0 && !ended && absl::Now() < give_up;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::GetJobRequest req;
     req.set_job_id(*b);
     v1::Job job;
+    const bool got = cluster.jobs()->GetJob(&ctx, req, &job).ok();
+    ended = got && IsTerminal(job.state());
     // Kill well between two checkpoints (every 40 updates), so the rollback has windows to redo.
-    if (cluster.jobs()->GetJob(&ctx, req, &job).ok() &&
-        job.progress().durable_checkpoint_id() >= 2 &&
+    if (got && job.progress().durable_checkpoint_id() >= 2 &&
         job.progress().optimizer_update_id() % 40 >= 5 &&
         job.progress().optimizer_update_id() % 40 <= 30) {
       for (pid_t p : first) cluster.Kill(p);
@@ -595,8 +601,14 @@ TEST(WorkerProcessTest, WorkerDeclaredLostRegistersAgainAndRejoins) {
   ASSERT_GE(before.progress().optimizer_update_id(), 20) << cluster.Logs();
   ASSERT_EQ(before.state(), v1::RUNNING) << "the job ended before the pause";
   ASSERT_EQ(kill(workers[0], SIGSTOP), 0);
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  // Stopped until the coordinator has declared it lost (the job then waits for a second
+  // worker), not for a fixed time: a coordinator starved on a loaded machine renews leases
+  // whose ticks came late, so three leases' time does not by itself make a worker lost.
+  const v1::Job lost = WaitUntil(cluster, *job, [](const v1::Job& j) {
+    return !j.progress().waiting().empty() || IsTerminal(j.state());
+  });
   ASSERT_EQ(kill(workers[0], SIGCONT), 0);
+  ASSERT_FALSE(lost.progress().waiting().empty()) << "never declared lost" << cluster.Logs();
   absl::StatusOr<v1::Job> done = cluster.WaitForJob(*job, absl::Seconds(300));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->message() << cluster.Logs();

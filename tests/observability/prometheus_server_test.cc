@@ -197,9 +197,14 @@ TEST_F(PrometheusServerTest, ReportsWhatThePerUpdateLogSays) {
 
   ASSERT_TRUE(job_->WaitUntilPaused(absl::Seconds(60))) << job_->Logs();
   expect_matches_log("while running (paused before window 20)");
-  EXPECT_EQ(QueryOne(port_, absl::StrCat("trainstep_job_state{training_job=\"", id,
-                                         "\",state=\"running\"}")),
-            1.0);
+  // A scrape can fail on a loaded machine (its timeout is the 1 s interval), leaving the series
+  // stale for a moment: ask until Prometheus has it, bounded.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return QueryOne(port_, absl::StrCat("trainstep_job_state{training_job=\"", id,
+                                            "\",state=\"running\"}")) == 1.0;
+      },
+      absl::Seconds(30)));
 
   absl::StatusOr<v1::Job> ended = job_->WaitForEnd(absl::Seconds(60));
   ASSERT_TRUE(ended.ok()) << ended.status();
