@@ -776,6 +776,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> StepMachine::RegisterWorker(
   resp.set_worker_id(worker_id);
   resp.set_job_id(job_id());
   *resp.mutable_spec() = job_.spec();
+  resp.set_owner(job_.owner());
   resp.set_lease_ms(absl::ToInt64Milliseconds(options_.worker_lease));
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(HeartbeatInterval()));
   return resp;

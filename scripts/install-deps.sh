@@ -19,6 +19,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format  # make check-format (CI)
   python3 python3-torch
+  python3-yaml  # tests/deploy/k8s_pod_security.py reads the rendered manifests
   debootstrap  # the Debian 13 root of `make check-gpu-build`
   python3-grpcio python3-protobuf  # the Python client (client/python) and its tests
   openssl  # scripts/dev-certs.sh: the TLS/mTLS tests' certificates and the secured tour

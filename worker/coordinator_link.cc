@@ -55,6 +55,7 @@ absl::Status CoordinatorLink::RegisterAs(bool again) {
   if (!again) {  // only before the heartbeat thread exists
     job_id_ = r->job_id();
     spec_ = r->spec();
+    owner_ = r->owner();
     heartbeat_every_ = absl::Milliseconds(std::max<int64_t>(50, r->heartbeat_interval_ms()));
   }
   absl::MutexLock lock(&mu_);

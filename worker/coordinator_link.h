@@ -83,6 +83,8 @@ class CoordinatorLink {
   absl::Status Register();
   const std::string& job_id() const { return job_id_; }
   const v1::JobSpec& spec() const { return spec_; }
+  // The job's owner as the coordinator recorded it ("" when it authenticates nobody).
+  const std::string& owner() const { return owner_; }
   std::string worker_id() const;
   // The identity the current assignment was given to (training thread only): reports keep
   // using it, so that a worker declared lost meanwhile is refused (NOT_FOUND) and rejoins.
@@ -130,6 +132,7 @@ class CoordinatorLink {
   LinkOptions options_;
   std::string job_id_;
   v1::JobSpec spec_;
+  std::string owner_;
   absl::Duration heartbeat_every_ = absl::Seconds(1);
   std::string member_id_;
   int64_t joined_generation_ = 0;             // training thread only

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,11 @@ ABSL_FLAG(absl::Duration, tls_reload_interval, trainstep::kDefaultTlsReloadInter
           "how often the TLS files are checked for a rotated certificate");
 ABSL_FLAG(std::string, allowed_roots, "",
           "DIR[,DIR…]: the only directories a job's data, model and checkpoint paths may be in "
-          "(after resolving .. and symlinks); empty = any path the worker's user can reach");
+          "(after resolving .. and symlinks); a component {owner} is the job's owner, "
+          "percent-encoded (/data/{owner}: one subtree per tenant). Required with --tls-ca "
+          "(/ allows every path); empty = any path the worker's user can reach. The worker's "
+          "own TLS files, token file, service-account token and /proc are refused whatever "
+          "the roots");
 ABSL_FLAG(std::string, job, "", "job id to join (default: the oldest job that needs workers)");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Minutes(2),
           "how long to keep trying to register with a coordinator that does not answer (e.g. "
@@ -69,7 +74,7 @@ ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
           "TEST ONLY: exit (code 3) during the evaluation of that update, after computing the "
           "held-out loss and before reporting it: a rank lost during an evaluation");
 ABSL_FLAG(std::string, debug_hold_file, "",
-          "TEST ONLY: before each window, wait while this file exists (at most 60 s; heartbeats "
+          "TEST ONLY: before each window, wait while this file exists (at most 300 s; heartbeats "
           "go on): a test holds training while it arranges a fault");
 ABSL_FLAG(double, debug_slow_factor, 1.0,
           "TEST ONLY: this worker computes this many times slower (it sleeps after each "
@@ -140,7 +145,10 @@ BinaryHelp WorkerHelp() {
       "  1  this worker failed: no coordinator within --connect-timeout, an error in\n"
       "     its data, model, collective or checkpoint; also an unknown flag\n"
       "  2  refused to start: a flag or environment variable with a bad value\n";
-  h.example = "  trainstep-worker --coordinator 10.0.0.5:7070 --job job-1 --allowed-roots /data\n";
+  h.example =
+      "  trainstep-worker --coordinator 10.0.0.5:7070 --job job-1 --allowed-roots /data\n"
+      "  trainstep-worker --tls-ca ca.crt --tls-cert w.crt --tls-key w.key \\\n"
+      "      --allowed-roots /data/shared,/data/{owner},/checkpoints/{owner}\n";
   return h;
 }
 
@@ -175,13 +183,23 @@ std::string CoordinatorFromFlags() {
   return env != nullptr && *env != '\0' ? env : kDefaultCoordinator;
 }
 
-// --allowed-roots, and a word on stderr about what it allows.
-absl::StatusOr<AllowedRoots> AllowedRootsFromFlags() {
-  ASSIGN_OR_RETURN(AllowedRoots roots, AllowedRoots::Parse(absl::GetFlag(FLAGS_allowed_roots)));
+// --allowed-roots, with this worker's own secret files, and a word on stderr about what it
+// allows. A TLS worker without roots is refused (RequireRootsWithTls).
+absl::StatusOr<AllowedRoots> AllowedRootsFromFlags(const ChannelSecurity& security,
+                                                   const std::string& token_file) {
+  std::vector<Secret> secrets = ProcessSecrets();
+  secrets.push_back({"TLS CA (--tls-ca)", security.files.ca});
+  secrets.push_back({"TLS certificate (--tls-cert)", security.files.cert});
+  secrets.push_back({"TLS key (--tls-key)", security.files.key});
+  secrets.push_back({"token file (--token-file)", token_file});
+  ASSIGN_OR_RETURN(AllowedRoots roots,
+                   AllowedRoots::Parse(absl::GetFlag(FLAGS_allowed_roots), std::move(secrets)));
+  RETURN_IF_ERROR(RequireRootsWithTls(security.tls(), roots));
   if (!roots.restricted()) {
     LogWarning(
         "no --allowed-roots: a job spec may make this worker read any file and write checkpoints "
-        "anywhere its user can; pass --allowed-roots DIR[,DIR…] outside a trusted setting");
+        "anywhere its user can (its own secrets excepted); pass --allowed-roots DIR[,DIR…] "
+        "outside a trusted setting");
   } else {
     LogInfo(absl::StrCat("job paths are limited to --allowed-roots ", roots.ToString()));
   }
@@ -206,7 +224,8 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
     return absl::InvalidArgumentError("--connect-timeout must be ≥ 0 (0 = forever)");
   }
   options.name = absl::GetFlag(FLAGS_name);
-  ASSIGN_OR_RETURN(options.allowed_roots, AllowedRootsFromFlags());
+  ASSIGN_OR_RETURN(options.allowed_roots,
+                   AllowedRootsFromFlags(options.coordinator_security, security.token_file));
   options.faults.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   options.faults.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
   options.faults.hold_file = absl::GetFlag(FLAGS_debug_hold_file);

@@ -136,10 +136,13 @@ absl::Status Worker::Setup() {
   spec_ = link_->spec();
   faults_ = std::make_unique<FaultHooks>(spec_.debug(), options_.faults);
   // Before anything reads or writes a path of the spec: it comes from whoever submitted it.
-  if (absl::Status s = CheckSpecPaths(spec_, options_.allowed_roots); !s.ok()) {
-    Fail(s);
-    return s;
+  absl::StatusOr<AllowedRoots> roots = options_.allowed_roots.ForOwner(link_->owner());
+  absl::Status paths = roots.ok() ? CheckSpecPaths(spec_, *roots) : roots.status();
+  if (!paths.ok()) {
+    Fail(paths);
+    return paths;
   }
+  job_roots_ = std::move(*roots);
   if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
   device_ = options_.collective.device;
   UseDeviceInThisThread(device_);
@@ -168,7 +171,7 @@ absl::Status Worker::Setup() {
   // window, and the spec written beside the checkpoints carries it.
   RecordModelVocabulary(replica_->model(), spec_);
 
-  absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, options_.allowed_roots);
+  absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, job_roots_);
   if (!d.ok()) {
     Fail(d.status());
     return d.status();
@@ -178,7 +181,7 @@ absl::Status Worker::Setup() {
     // The held-out data loads as the training data does, with its own field path in errors.
     v1::JobSpec eval_spec = spec_;
     *eval_spec.mutable_data() = spec_.eval().data();
-    absl::StatusOr<data::Dataset> e = data::Dataset::Load(eval_spec);
+    absl::StatusOr<data::Dataset> e = data::Dataset::Load(eval_spec, job_roots_);
     if (!e.ok()) {
       const absl::string_view m = e.status().message();
       const absl::Status s(e.status().code(), absl::StartsWith(m, "data.")

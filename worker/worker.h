@@ -49,7 +49,8 @@ struct WorkerOptions {
   bool pipeline_begin = true;
   WorkerMetrics* metrics = nullptr;  // may be null
   CpuInfo cpu;                       // this host's CPU, for the bf16 notice
-  // Where a job's data, model and checkpoints may be (--allowed-roots); none = anywhere.
+  // Where a job's data, model and checkpoints may be (--allowed-roots, {owner} bound for each
+  // job; none = anywhere), and the worker's own secrets, which no job may name.
   AllowedRoots allowed_roots;
   FaultOptions faults;  // test-only injections (fault_hooks.h)
   // The coordinator to talk to (not owned); null: a gRPC client of `coordinator`. Unit tests
@@ -175,6 +176,7 @@ class Worker {
   std::unique_ptr<FaultHooks> faults_;  // set by Setup()
   std::string job_id_;                  // link_'s, once registered
   v1::JobSpec spec_;                    // link_'s, once registered
+  AllowedRoots job_roots_;              // options_.allowed_roots for the job's owner
   std::optional<data::Dataset> dataset_;
   std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
   // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.

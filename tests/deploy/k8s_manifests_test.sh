@@ -5,7 +5,8 @@
 # GPU workers without a GPU each, without NCCL's environment or on the CPU image; a
 # coordinator served plaintext (--insecure) or probed on its mTLS port, a pod without the
 # certificate Secret it needs, a Secret that certificates.yaml does not make, a coordinator
-# certificate that does not name the address the workers dial.
+# certificate that does not name the address the workers dial; a pod with more privilege than it
+# needs, a worker whose job paths are not confined (k8s_pod_security.py).
 # Exits 77 (skipped) without kubectl: the Debian 13 root of `make check-gpu-build` has none.
 set -euo pipefail
 ROOT=$1
@@ -37,6 +38,16 @@ grep -q "name: trainstep-auth$" <<<"$out" || { echo "no --auth-certs ConfigMap";
 grep -q "resource: requests.cpu" <<<"$out" && grep -q -- '--threads "${CPU_REQUEST}"' <<<"$out" ||
   { echo "workers do not size their threads from their CPU request"; exit 1; }
 echo "ok: $(grep -c '^kind:' <<<"$out") objects"
+# Least privilege and confined job paths (k8s_pod_security.py says what each check catches),
+# and the checker itself refuses a worker without roots, with /, and a mounted token.
+security="python3 $ROOT/tests/deploy/k8s_pod_security.py"
+$security <<<"$out"
+! sed '/--allowed-roots/d' <<<"$out" | $security >/dev/null ||
+  { echo "the pod check passed a worker without --allowed-roots"; exit 1; }
+! sed 's#--allowed-roots "[^"]*"#--allowed-roots /#' <<<"$out" | $security >/dev/null ||
+  { echo "the pod check passed a worker with --allowed-roots /"; exit 1; }
+! sed '/automountServiceAccountToken/d' <<<"$out" | $security >/dev/null ||
+  { echo "the pod check passed a pod with its service-account token mounted"; exit 1; }
 
 # The GPU overlay: the same objects; the worker Job (and only it) changed.
 gpu=$(kubectl kustomize "$ROOT/deploy/k8s-gpu" 2>/dev/null)
@@ -59,6 +70,7 @@ need "name: TRAINSTEP_COORDINATOR" "lost the base's environment"
 need "name: TRAINSTEP_TLS_CERT" "lost the base's client certificate"
 need "secretName: trainstep-worker-tls" "lost the base's certificate Secret"
 need "claimName: trainstep-checkpoints" "lost the base's volumes"
+$security <<<"$gpu"
 [ "$(grep -c 'image: trainstep:' <<<"$gpu")" -eq 2 ] ||
   { echo "the coordinator and the submit job should keep the CPU image"; exit 1; }
 echo "ok: GPU overlay, $(grep -c '^kind:' <<<"$gpu") objects"

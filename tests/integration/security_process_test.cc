@@ -176,14 +176,53 @@ class SecurityProcessTest : public ::testing::Test {
     return std::string(
         absl::StripAsciiWhitespace(submit.output.substr(0, submit.output.find('\n'))));
   }
-  std::string SpecFile() {
-    const std::string path = dir_ + "/spec.json";
-    WriteFile(path, kSpec);
+  std::string SpecFile(const std::string& spec = kSpec, const std::string& name = "spec.json") {
+    const std::string path = dir_ + "/" + name;
+    WriteFile(path, spec);
     return path;
+  }
+  // A worker's mTLS flags (DNS:trainstep-worker), then `roots` (e.g. "--allowed-roots=DIR").
+  std::vector<std::string> WorkerTls(const std::string& roots) const {
+    std::vector<std::string> flags = {"--tls-ca=" + certs_ + "/ca.crt",
+                                      "--tls-cert=" + certs_ + "/worker.crt",
+                                      "--tls-key=" + certs_ + "/worker.key"};
+    if (!roots.empty()) flags.push_back(roots);
+    return flags;
+  }
+  // A one-worker byte-level job over `data` (text paths), checkpoints in `ckpt` if given.
+  static std::string TextJob(const std::string& data, const std::string& ckpt = "",
+                             const std::string& eval = "") {
+    return absl::StrCat(
+        R"({"model":{"tiny_gpt":{"n_layer":1,"d_model":16,"n_head":1,"seq_len":16}},)",
+        R"("data":{"text":{"paths":[")", data, R"("],"seq_len":16}},)",
+        eval.empty() ? ""
+                     : absl::StrCat(R"("eval":{"every_updates":1,"data":{"text":{"paths":[")", eval,
+                                    R"("],"seq_len":16}}},)"),
+        ckpt.empty() ? ""
+                     : absl::StrCat(R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":2},)"),
+        R"("workers":{"count":1},"stop":{"max_updates":2}})");
+  }
+  // Submits `spec` as the holder of `token`, runs one TLS worker with `roots` on it, and
+  // returns the ended job (and the worker's exit code).
+  v1::Job RunAs(ProcessCluster* c, const char* token, const std::string& spec,
+                const std::string& roots, int* worker_exit = nullptr) {
+    const Run submit =
+        As(c->address(), token,
+           {"job", "submit", SpecFile(spec, absl::StrCat("job-", ++jobs_, ".json"))});
+    EXPECT_EQ(submit.code, 0) << submit.output;
+    if (submit.code != 0) return v1::Job();
+    const std::string id = JobIdOf(submit);
+    EXPECT_TRUE(c->StartWorker(id, WorkerTls(roots)).ok());
+    absl::StatusOr<v1::Job> job = c->WaitForJob(id, absl::Minutes(2));
+    EXPECT_TRUE(job.ok()) << job.status() << c->Logs();
+    const std::vector<int> exits = c->WaitForWorkers(absl::Minutes(1));
+    if (worker_exit != nullptr) *worker_exit = exits.empty() ? -1 : exits.back();
+    return job.ok() ? *job : v1::Job();
   }
 
   std::string dir_, certs_, tokens_;
   int cli_runs_ = 0;
+  int jobs_ = 0;
 };
 
 // Done-when: through real processes an mTLS job trains end to end. Catches: a worker that
@@ -201,13 +240,12 @@ TEST_F(SecurityProcessTest, AnMtlsJobTrainsEndToEnd) {
            "TRAINSTEP_TLS_KEY=" + certs_ + "/client.key"});
   ASSERT_EQ(submit.code, 0) << submit.output;
   const std::string job_id = JobIdOf(submit);
-  const std::vector<std::string> worker_tls = {"--tls-ca=" + certs_ + "/ca.crt",
-                                               "--tls-cert=" + certs_ + "/worker.crt",
-                                               "--tls-key=" + certs_ + "/worker.key"};
+  const std::vector<std::string> worker_tls = WorkerTls("--allowed-roots=" + dir_);
   ASSERT_TRUE(c->StartWorker(job_id, worker_tls).ok());
   ASSERT_TRUE(c->StartWorker(job_id, worker_tls).ok());
   // Without a certificate or a token: refused at registration, and it says why.
-  ASSERT_TRUE(c->StartWorker(job_id, {"--tls-ca=" + certs_ + "/ca.crt"}).ok());
+  ASSERT_TRUE(
+      c->StartWorker(job_id, {"--tls-ca=" + certs_ + "/ca.crt", "--allowed-roots=" + dir_}).ok());
   absl::StatusOr<v1::Job> job = c->WaitForJob(job_id, absl::Minutes(4));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->message() << c->Logs();
@@ -290,12 +328,17 @@ TEST_F(SecurityProcessTest, EachRoleIsAllowedItsCallsAndRefusedTheRest) {
   // registration must name it.
   WriteFile(certs_ + "/auth-certs.txt",
             absl::StrCat("DNS:trainstep-worker worker:", live, "\nDNS:trainstep-client admin\n"));
-  Nap(absl::Milliseconds(1500));
   WorkerClientOptions quick;
   quick.connect_timeout = absl::Seconds(5);
   WorkerClient limited(MakeChannel(at, Client("worker")), quick);
-  EXPECT_TRUE(limited.StoreNumKeys(live).ok());
+  // The roles are re-read every second: wait until the new line has taken effect (a loaded
+  // machine can delay the reload well past a second), not for a fixed time.
   absl::StatusOr<int64_t> other = limited.StoreNumKeys(alices);
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+       other.ok() && absl::Now() < give_up; other = limited.StoreNumKeys(alices)) {
+    Nap(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(limited.StoreNumKeys(live).ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(other.status().message(), HasSubstr("a worker of " + live + " only"));
   v1::RegisterWorkerRequest anywhere;
@@ -393,7 +436,7 @@ TEST_F(SecurityProcessTest, RotatedCertificatesAndTokensArePickedUpWithoutAResta
   const std::string rotated = ReadFile(certs_ + "/coordinator.crt");
   ASSERT_NE(rotated, before);
   std::string seen;
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(90);
        seen != rotated && absl::Now() < give_up;) {
     Nap(absl::Milliseconds(200));
     seen.clear();
@@ -407,7 +450,7 @@ TEST_F(SecurityProcessTest, RotatedCertificatesAndTokensArePickedUpWithoutAResta
   EXPECT_EQ(before_token.code, 8) << before_token.output;
   WriteFile(tokens_, absl::StrCat(kAdminToken, " root admin\ntok-carol-0123456789 carol viewer\n"));
   Run carol, alice;
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(20); absl::Now() < give_up;) {
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(90); absl::Now() < give_up;) {
     Nap(absl::Milliseconds(300));
     carol = As(c->address(), "tok-carol-0123456789", {"job", "list"});
     alice = As(c->address(), kAliceToken, {"job", "list"});
@@ -483,6 +526,126 @@ TEST_F(SecurityProcessTest, FlagsThatWouldServeEveryoneRefuseToStart) {
              "--tls-key=" + certs_ + "/coordinator.crt", "--auth-tokens=" + tokens_});
   EXPECT_EQ(swapped.code, 1);
   EXPECT_THAT(swapped.output, HasSubstr("--tls-cert " + certs_ + "/coordinator.key: not a PEM"));
+}
+
+// A submitter could make workers read their own secrets. Catches: a TLS worker (a real
+// deployment) starting with no --allowed-roots; a job naming /etc/shadow, or the worker's own
+// key directory even under --allowed-roots /, or held-out data outside the roots, read before
+// it fails (or failing without naming the field).
+TEST_F(SecurityProcessTest, AWorkerNeverReadsItsOwnSecretsOrFilesOutsideItsRoots) {
+  if (!std::filesystem::exists(BinDir() + "/trainstep-worker")) {
+    GTEST_SKIP() << "built without the worker (TRAINSTEP_BUILD_WORKER=OFF)";
+  }
+  const std::string log = dir_ + "/no-roots.log";
+  std::vector<std::string> argv = {BinDir() + "/trainstep-worker", "--coordinator=127.0.0.1:1",
+                                   "--metrics-listen="};
+  for (const std::string& flag : WorkerTls("")) argv.push_back(flag);
+  absl::StatusOr<int> refused = RunToExit(argv, log, absl::Seconds(60));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(*refused, 2) << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("--allowed-roots is required when the worker talks TLS"));
+  EXPECT_THAT(ReadFile(log), Not(HasSubstr("registered")));
+
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const std::string data = dir_ + "/data";
+  std::filesystem::create_directories(data);
+  WriteFile(data + "/corpus.txt", std::string(4000, 'a'));
+  const std::string roots = "--allowed-roots=" + data;
+
+  int exit_code = 0;
+  const v1::Job shadow = RunAs(c.get(), kAliceToken, TextJob("/etc/shadow"), roots, &exit_code);
+  EXPECT_EQ(shadow.state(), v1::FAILED) << c->Logs();
+  EXPECT_THAT(shadow.message(), HasSubstr("data.text.paths[0]: /etc/shadow is outside this "
+                                          "worker's --allowed-roots " +
+                                          data));
+  EXPECT_EQ(shadow.progress().optimizer_update_id(), 0);
+  EXPECT_EQ(exit_code, 1);
+
+  // The worker's own key directory, even with every path allowed on purpose.
+  const v1::Job key = RunAs(c.get(), kAliceToken, TextJob(certs_), "--allowed-roots=/");
+  EXPECT_EQ(key.state(), v1::FAILED) << c->Logs();
+  EXPECT_THAT(key.message(), HasSubstr("data.text.paths[0]: " + certs_ +
+                                       " contains this "
+                                       "worker's own TLS"));
+  EXPECT_EQ(key.progress().optimizer_update_id(), 0);
+  const v1::Job key_file =
+      RunAs(c.get(), kAliceToken, TextJob(data + "/../certs/worker.key"), "--allowed-roots=/");
+  EXPECT_EQ(key_file.state(), v1::FAILED);
+  EXPECT_THAT(key_file.message(), HasSubstr("is this worker's own TLS key (--tls-key)"));
+
+  // Held-out data is checked like training data.
+  const v1::Job eval =
+      RunAs(c.get(), kAliceToken, TextJob(data + "/corpus.txt", "", "/etc/passwd"), roots);
+  EXPECT_EQ(eval.state(), v1::FAILED);
+  EXPECT_THAT(eval.message(), HasSubstr("eval.data.text.paths[0]: /etc/passwd is outside"));
+
+  const v1::Job fine = RunAs(c.get(), kAliceToken, TextJob(data + "/corpus.txt"), roots);
+  EXPECT_EQ(fine.state(), v1::SUCCEEDED) << fine.message() << c->Logs();
+}
+
+// Per owner: --allowed-roots SHARED,DATA/{owner},CKPT/{owner}. Catches: one tenant reading
+// another's data or writing into its checkpoints (directly, through "..", through a symlink in
+// its own tree), the owner not reaching the worker, a missing owner directory accepted.
+TEST_F(SecurityProcessTest, TwoOwnersCannotReachEachOthersFiles) {
+  if (!std::filesystem::exists(BinDir() + "/trainstep-worker")) {
+    GTEST_SKIP() << "built without the worker (TRAINSTEP_BUILD_WORKER=OFF)";
+  }
+  std::unique_ptr<ProcessCluster> c = StartSecured();
+  ASSERT_NE(c, nullptr);
+  const std::string data = dir_ + "/data", ckpt = dir_ + "/ckpt";
+  for (const std::string owner : {"alice", "bob"}) {
+    std::filesystem::create_directories(data + "/" + owner);
+    std::filesystem::create_directories(ckpt + "/" + owner);
+    WriteFile(data + "/" + owner + "/corpus.txt", std::string(4000, owner[0]));
+  }
+  std::filesystem::create_directories(data + "/shared");
+  WriteFile(data + "/shared/corpus.txt", std::string(4000, 's'));
+  std::filesystem::create_directory_symlink("../bob", data + "/alice/bobs");
+  const std::string roots =
+      absl::StrCat("--allowed-roots=", data, "/shared,", data, "/{owner},", ckpt, "/{owner}");
+
+  struct Attempt {
+    std::string what, spec, field;
+  };
+  const std::vector<Attempt> refused = {
+      {"bob's data", TextJob(data + "/bob/corpus.txt"), "data.text.paths[0]"},
+      {"bob's data through ..", TextJob(data + "/alice/../bob/corpus.txt"), "data.text.paths[0]"},
+      {"bob's data through a symlink", TextJob(data + "/alice/bobs/corpus.txt"),
+       "data.text.paths[0]"},
+      {"bob's checkpoints", TextJob(data + "/alice/corpus.txt", ckpt + "/bob/run"),
+       "checkpoint.dir"},
+  };
+  for (const Attempt& a : refused) {
+    SCOPED_TRACE(a.what);
+    const v1::Job job = RunAs(c.get(), kAliceToken, a.spec, roots);
+    EXPECT_EQ(job.state(), v1::FAILED) << c->Logs();
+    EXPECT_THAT(job.message(), HasSubstr(a.field + ": "));
+    EXPECT_THAT(job.message(), HasSubstr("outside this worker's --allowed-roots"));
+    EXPECT_THAT(job.message(), HasSubstr(data + "/alice"));  // alice's roots, bound
+  }
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/bob/run"));
+
+  const v1::Job own =
+      RunAs(c.get(), kAliceToken, TextJob(data + "/alice/corpus.txt", ckpt + "/alice/run"), roots);
+  EXPECT_EQ(own.state(), v1::SUCCEEDED) << own.message() << c->Logs();
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/alice/run"));
+  const v1::Job shared = RunAs(c.get(), kBobToken, TextJob(data + "/shared/corpus.txt"), roots);
+  EXPECT_EQ(shared.state(), v1::SUCCEEDED) << shared.message() << c->Logs();
+
+  // The admin's certificate principal, DNS:trainstep-client, has no directory: named, refused.
+  const Run submit =
+      Cli(c->address(), {"job", "submit", SpecFile(TextJob(data + "/shared"))},
+          {"TRAINSTEP_TLS_CA=" + certs_ + "/ca.crt", "TRAINSTEP_TLS_CERT=" + certs_ + "/client.crt",
+           "TRAINSTEP_TLS_KEY=" + certs_ + "/client.key"});
+  ASSERT_EQ(submit.code, 0) << submit.output;
+  ASSERT_TRUE(c->StartWorker(JobIdOf(submit), WorkerTls(roots)).ok());
+  absl::StatusOr<v1::Job> nobody = c->WaitForJob(JobIdOf(submit), absl::Minutes(2));
+  ASSERT_TRUE(nobody.ok()) << nobody.status();
+  EXPECT_EQ(nobody->state(), v1::FAILED);
+  EXPECT_THAT(nobody->message(),
+              HasSubstr(data + "/DNS%3Atrainstep-client does not exist for the job's owner "
+                               "\"DNS:trainstep-client\""));
 }
 
 }  // namespace
