@@ -100,6 +100,7 @@ absl::StatusOr<AllowedRoots> AllowedRoots::Parse(absl::string_view flag,
     Root root;
     root.given = std::string(absl::StripAsciiWhitespace(part));
     std::string dir = root.given;
+    std::string owner_tail;  // "{owner}" and what follows it
     const size_t at = root.given.find(kOwner);
     if (at != std::string::npos) {
       // A whole component, once: /data/{owner} or /ckpt/{owner}/runs, never /data/x{owner}.
@@ -113,6 +114,7 @@ absl::StatusOr<AllowedRoots> AllowedRoots::Parse(absl::string_view flag,
       }
       root.per_owner = true;
       dir = root.given.substr(0, at);
+      owner_tail = root.given.substr(at);
     }
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
@@ -123,7 +125,7 @@ absl::StatusOr<AllowedRoots> AllowedRoots::Parse(absl::string_view flag,
     ASSIGN_OR_RETURN(root.resolved, Resolve(dir));
     if (root.per_owner) {
       if (root.resolved != "/") root.resolved += "/";
-      root.resolved += root.given.substr(root.given.find(kOwner));
+      root.resolved += owner_tail;
     }
     roots.roots_.push_back(std::move(root));
   }

@@ -39,8 +39,9 @@ std::vector<Secret> ProcessSecrets();
 // The owner {owner} stands for when the coordinator authenticates nobody (the local launcher).
 inline constexpr char kUnauthenticatedOwner[] = "local";
 
-// `owner` as one path component: every byte outside [A-Za-z0-9._-] as %XX (upper-case hex),
-// and "", "." and ".." spelled out in %XX so that no owner names a parent or the root itself.
+// `owner` as one path component: every byte outside [A-Za-z0-9._-] as %XX (upper-case hex);
+// "." and ".." wholly in %XX, so that no owner names its root's parent or the root itself;
+// "" is kUnauthenticatedOwner.
 std::string EncodeOwner(absl::string_view owner);
 
 class AllowedRoots {
@@ -56,7 +57,7 @@ class AllowedRoots {
   bool restricted() const { return !roots_.empty(); }
   // Some root holds {owner}: Check needs ForOwner first.
   bool per_owner() const;
-  // The roots as given, comma-separated, for messages.
+  // The resolved roots ({owner} still in those not yet bound), comma-separated, for messages.
   std::string ToString() const;
 
   // These roots for one job: {owner} replaced by EncodeOwner(owner) ("" is
