@@ -220,6 +220,9 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const AllowedRoots& roots) 
   if (spec.model().has_torchscript()) {
     RETURN_IF_ERROR(roots.Check("model.torchscript.path", spec.model().torchscript().path()));
   }
+  if (!spec.model().llama().path().empty()) {
+    RETURN_IF_ERROR(roots.Check("model.llama.path", spec.model().llama().path()));
+  }
   if (!spec.checkpoint().dir().empty()) {
     RETURN_IF_ERROR(roots.Check("checkpoint.dir", spec.checkpoint().dir()));
   }

@@ -84,9 +84,9 @@ class AllowedRoots {
 
 // Checks every path a resolved job spec names: the data (data.text.paths[i],
 // data.jsonl.path, data.tokens.path), the held-out data (the same under eval.data), the model
-// (model.torchscript.path) and the checkpoint directory (checkpoint.dir). Files found inside
-// a data directory are checked when the dataset reads them (data::Dataset::Load). A path field
-// added to the spec is added here.
+// (model.torchscript.path, model.llama.path) and the checkpoint directory (checkpoint.dir).
+// Files found inside a data or model directory are checked when they are read
+// (data::Dataset::Load, the Llama loader). A path field added to the spec is added here.
 absl::Status CheckSpecPaths(const v1::JobSpec& spec, const AllowedRoots& roots);
 
 // A worker that talks TLS to its coordinator is a real deployment, where specs come from

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/fnv1a.h"
+#include "common/llama_config.h"
 #include "common/spec_parse_error.h"
 #include "common/spec_text.h"
 #include "common/status_macros.h"
@@ -113,6 +114,8 @@ constexpr char kTokenSources[] = "data.text, data.jsonl or data.tokens";
 // The largest of a spec's sizes: model widths and feature counts, sequence lengths (a model's
 // context included) and batch factors.
 constexpr int32_t kMaxSize = 65536;
+// As common/llama_config.h allows: real vocabularies reach 256k (Gemma), 152k (Qwen2).
+constexpr int32_t kMaxLlamaVocab = 10000000;
 
 // Every default the resolver fills in, in spec.proto's order. README's spec reference lists
 // the same values; a default that depends on another field says so where it is applied.
@@ -188,6 +191,29 @@ absl::Status ResolveName(v1::JobSpec& out) {
   return absl::OkStatus();
 }
 
+// model.llama: a directory the workers read, or an inline config checked here, so that a bad
+// one fails at submission; either way the vocabulary is known once the config is.
+absl::Status ResolveLlama(v1::Llama& llama) {
+  const bool inline_config = llama.config().fields_size() > 0;
+  if (llama.path().empty() == !inline_config) {
+    return Invalid(
+        "model.llama needs exactly one of path (a directory in Hugging Face layout: config.json "
+        "and model.safetensors) and config (config.json's keys, for freshly initialised weights)");
+  }
+  if (llama.has_vocab_size()) {
+    RETURN_IF_ERROR(IntInRange("model.llama.vocab_size", llama.vocab_size(), 2, kMaxLlamaVocab));
+  }
+  if (!inline_config) return absl::OkStatus();  // the workers read path/config.json
+  ASSIGN_OR_RETURN(const LlamaConfig config,
+                   ParseLlamaConfig(llama.config(), "model.llama.config", nullptr));
+  if (llama.has_vocab_size() && llama.vocab_size() != config.vocab_size) {
+    return Invalid(absl::StrCat("model.llama.vocab_size is ", llama.vocab_size(),
+                                ", but model.llama.config.vocab_size is ", config.vocab_size));
+  }
+  llama.set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  return absl::OkStatus();
+}
+
 absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
   v1::Model& model = *out.mutable_model();
   const v1::Data& data = in.data();
@@ -198,9 +224,13 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
                                   OneofNames(v1::Model::descriptor()->FindOneofByName("kind"))));
     case v1::Model::kTinyGpt:
     case v1::Model::kTorchscript:
+    case v1::Model::kLlama:
       if (data.source_case() != v1::Data::SOURCE_NOT_SET && !token_data) {
-        return Invalid(absl::StrCat("model.", model.has_tiny_gpt() ? "tiny_gpt" : "torchscript",
-                                    " needs ", kTokenSources, ", got ", DataKind(data)));
+        const char* kind = model.has_tiny_gpt()      ? "tiny_gpt"
+                           : model.has_torchscript() ? "torchscript"
+                                                     : "llama";
+        return Invalid(
+            absl::StrCat("model.", kind, " needs ", kTokenSources, ", got ", DataKind(data)));
       }
       break;
     case v1::Model::kMlp:
@@ -245,6 +275,8 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
     RETURN_IF_ERROR(IntInRange("model.mlp.hidden", m.hidden(), 1, kMaxSize));
     if (!m.has_out_features()) m.set_out_features(defaults::kMlpOutFeatures);
     RETURN_IF_ERROR(IntInRange("model.mlp.out_features", m.out_features(), 1, kMaxSize));
+  } else if (model.has_llama()) {
+    RETURN_IF_ERROR(ResolveLlama(*model.mutable_llama()));
   } else {
     v1::TorchScript& ts = *model.mutable_torchscript();
     if (ts.path().empty()) {
@@ -844,6 +876,7 @@ int64_t ModelVocabSize(const v1::JobSpec& resolved) {
   }
   // Unknown (0) until the worker has loaded the model and recorded its vocabulary here.
   if (m.has_torchscript()) return m.torchscript().vocab_size();
+  if (m.has_llama()) return m.llama().vocab_size();
   return 0;
 }
 
@@ -851,6 +884,11 @@ std::string ModelVocabSource(const v1::JobSpec& resolved) {
   if (resolved.model().has_tiny_gpt()) return "model.tiny_gpt.vocab_size";
   if (resolved.model().has_torchscript()) {
     return absl::StrCat("the model ", resolved.model().torchscript().path(), "'s vocab_size");
+  }
+  if (resolved.model().has_llama()) {
+    const v1::Llama& llama = resolved.model().llama();
+    return llama.path().empty() ? "model.llama.config.vocab_size"
+                                : absl::StrCat(llama.path(), "/config.json's vocab_size");
   }
   return "";
 }

@@ -69,13 +69,14 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Replica>> Replica::Create(const v1::JobSpec& resolved,
-                                                         const at::Device& device) {
+                                                         const at::Device& device,
+                                                         const AllowedRoots& roots) {
   RETURN_IF_ERROR(CheckPrecision(resolved.precision(), device));
   std::unique_ptr<Replica> r(new Replica());
   r->spec_ = resolved;
   r->device_ = device;
   r->token_level_ = IsTokenLevel(resolved);
-  ASSIGN_OR_RETURN(r->model_, BuildModel(resolved));
+  ASSIGN_OR_RETURN(r->model_, BuildModel(resolved, roots));
   RETURN_IF_ERROR(Catching("moving the model to the device", [&] {
     r->model_->To(device);
     r->model_->SetTraining(true);

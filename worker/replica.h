@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/allowed_roots.h"
 #include "trainstep/v1/spec.pb.h"
 #include "worker/data/collate.h"
 #include "worker/loss.h"
@@ -48,9 +49,11 @@ struct UnscaleResult {
 
 class Replica {
  public:
-  // Builds the spec's model (seeded) and optimizer on `device`.
-  static absl::StatusOr<std::unique_ptr<Replica>> Create(const v1::JobSpec& resolved,
-                                                         const at::Device& device);
+  // Builds the spec's model (seeded; files it reads checked against `roots`) and optimizer
+  // on `device`.
+  static absl::StatusOr<std::unique_ptr<Replica>> Create(
+      const v1::JobSpec& resolved, const at::Device& device,
+      const AllowedRoots& roots = AllowedRoots());
 
   // One micro-batch: forward (under autocast for bf16/fp16), LossSum, and
   // backward(multiplier · LossSum). Gradients accumulate. Returns the unscaled LossSum.

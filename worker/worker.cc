@@ -161,7 +161,7 @@ absl::Status Worker::Setup() {
   // meanwhile.
   link_->StartHeartbeats();
 
-  absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_);
+  absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Create(spec_, device_, job_roots_);
   if (!replica.ok()) {
     Fail(replica.status());
     return replica.status();
@@ -251,7 +251,7 @@ absl::Status Worker::SyncState(const v1::Assignment& a) {
     case v1::Assignment::INIT: {
       // A rolled-back job restarts from fresh weights; a fresh job already has them.
       if (link_->applied_update() != 0 || a.optimizer_update_id() != 0) {
-        ASSIGN_OR_RETURN(replica_, Replica::Create(spec_, device_));
+        ASSIGN_OR_RETURN(replica_, Replica::Create(spec_, device_, job_roots_));
       }
       [[fallthrough]];
     }

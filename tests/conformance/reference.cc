@@ -192,6 +192,29 @@ absl::StatusOr<Params> FromCheckpoint(const std::string& dir, int64_t id, int64_
   return p;
 }
 
+absl::StatusOr<Params> LogitsOrThrow(const std::string& spec_json,
+                                     const std::vector<std::vector<int64_t>>& ids) {
+  absl::StatusOr<v1::JobSpec> spec = ParseAndResolveJobSpec(spec_json);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<std::unique_ptr<Model>> model = BuildModel(*spec);
+  if (!model.ok()) return model.status();
+  if (ids.empty()) return absl::InvalidArgumentError("no token ids");
+  at::Tensor input =
+      at::empty({static_cast<int64_t>(ids.size()), static_cast<int64_t>(ids[0].size())},
+                at::TensorOptions().dtype(at::kLong));
+  for (size_t b = 0; b < ids.size(); ++b) {
+    if (ids[b].size() != ids[0].size()) return absl::InvalidArgumentError("ragged token ids");
+    for (size_t t = 0; t < ids[b].size(); ++t) {
+      input[static_cast<int64_t>(b)][static_cast<int64_t>(t)] = ids[b][t];
+    }
+  }
+  torch::NoGradGuard no_grad;
+  (*model)->SetTraining(false);
+  Params p;
+  Put(p, "logits", (*model)->Forward(input));
+  return p;
+}
+
 absl::StatusOr<ReferenceEval> EvalOrThrow(const std::string& spec_json, const Params& params) {
   absl::StatusOr<v1::JobSpec> parsed = ParseAndResolveJobSpec(spec_json);
   if (!parsed.ok()) return parsed.status();
@@ -265,6 +288,23 @@ absl::StatusOr<ReferenceEval> ReferenceEvalLoss(const std::string& spec_json,
     return EvalOrThrow(spec_json, params);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("reference eval: ", e.what()));
+  }
+}
+
+absl::StatusOr<Params> SafetensorsParams(const std::string& path) {
+  absl::StatusOr<ckpt::TensorMap> tensors = ckpt::ReadSafetensorsFile(path);
+  if (!tensors.ok()) return tensors.status();
+  Params p;
+  for (const auto& [name, t] : *tensors) Put(p, name, t);
+  return p;
+}
+
+absl::StatusOr<Params> ModelLogits(const std::string& spec_json,
+                                   const std::vector<std::vector<int64_t>>& ids) {
+  try {
+    return LogitsOrThrow(spec_json, ids);
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
   }
 }
 

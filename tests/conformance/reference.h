@@ -58,6 +58,14 @@ absl::StatusOr<Params> LatestCheckpointParams(const std::string& dir,
                                               int64_t* optimizer_update_id = nullptr,
                                               int64_t* checkpoint_id = nullptr);
 
+// The tensors of a safetensors file (an independent implementation's output) as float32.
+absl::StatusOr<Params> SafetensorsParams(const std::string& path);
+
+// The logits ("logits", [B, T, V]) of the model `spec_json` describes, built as the worker
+// builds it (BuildModel), for token ids `ids` (B rows of T), in fp32 without autograd.
+absl::StatusOr<Params> ModelLogits(const std::string& spec_json,
+                                   const std::vector<std::vector<int64_t>>& ids);
+
 // The held-out loss of the job's spec.eval, recomputed apart from the worker: the model built
 // from the spec with `params` copied in, then every held-out sample (the first
 // eval.max_batches × micro_batch_size when set) in its OWN forward pass in fp32, cross-entropy

@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_nesting.h"
 #include "common/status_macros.h"
 
 namespace trainstep::ckpt {
@@ -283,42 +284,6 @@ std::string QuotedName(absl::string_view name) {
 
 absl::Status TensorError(absl::string_view name, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", QuotedName(name), ": ", problem));
-}
-
-absl::Status CheckJsonNesting(absl::string_view text, int max_depth) {
-  int depth = 0;
-  char quote = 0;  // The open string's quote; protobuf's parser also accepts '...'.
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quote != 0) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == quote) {
-        quote = 0;
-      }
-      continue;
-    }
-    switch (c) {
-      case '"':
-      case '\'':
-        quote = c;
-        break;
-      case '[':
-      case '{':
-        if (++depth > max_depth) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("JSON nests deeper than ", max_depth, " levels (at byte ", i, ")"));
-        }
-        break;
-      case ']':
-      case '}':
-        --depth;
-        break;
-      default:
-        break;
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<google::protobuf::Struct> ParseJsonObject(absl::string_view json, int max_depth,

@@ -72,14 +72,9 @@ std::string QuotedName(absl::string_view name);
 // INVALID_ARGUMENT "tensor 'name': problem".
 absl::Status TensorError(absl::string_view name, absl::string_view problem);
 
-// INVALID_ARGUMENT if JSON `text` nests arrays/objects deeper than `max_depth`: protobuf's
-// JSON parser takes minutes on deeply nested input, so hostile text is bounded by a linear
-// scan first. Other syntax errors are left to the parser.
-absl::Status CheckJsonNesting(absl::string_view text, int max_depth);
-
 // A JSON object read from a file (`what` names it in errors: "header", "meta.json"), nesting
-// bounded by CheckJsonNesting first. INVALID_ARGUMENT "<what> is invalid: JSON nests deeper
-// …" or "<what> is not valid JSON: …".
+// bounded by CheckJsonNesting (common/json_nesting.h) first. INVALID_ARGUMENT "<what> is invalid:
+// JSON nests deeper …" or "<what> is not valid JSON: …".
 absl::StatusOr<google::protobuf::Struct> ParseJsonObject(absl::string_view json, int max_depth,
                                                          absl::string_view what);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/allowed_roots.h"
 #include "trainstep/v1/spec.pb.h"
 
 namespace trainstep {
@@ -38,12 +39,15 @@ class Model {
 // attribute vocab_size when it has one, else the last dimension of its logits for one token
 // (computed in eval mode without autograd, so nothing in the model changes); a
 // model.torchscript.vocab_size that disagrees is INVALID_ARGUMENT naming both. Errors name
-// the field (model.torchscript.path).
-absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved);
+// the field (model.torchscript.path). model.llama reads its directory's files checked against
+// `roots` (the job's; the default allows every path but the worker's secrets).
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved,
+                                                  const AllowedRoots& roots = AllowedRoots());
 
-// Records a loaded model's vocabulary in `resolved` (model.torchscript.vocab_size, which
-// BuildModel checked), so that what reads the spec afterwards, the data's id check first,
-// sees the model's own (ModelVocabSize). Built-in models' specs hold theirs already.
+// Records a loaded model's vocabulary in `resolved` (model.torchscript.vocab_size or
+// model.llama.vocab_size, which BuildModel checked), so that what reads the spec afterwards,
+// the data's id check first, sees the model's own (ModelVocabSize). The other built-ins'
+// specs hold theirs already.
 void RecordModelVocabulary(const Model& model, v1::JobSpec& resolved);
 
 }  // namespace trainstep

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "worker/models/llama.h"
 #include "worker/models/model.h"
 #include "worker/torch_status.h"
 
@@ -211,14 +212,16 @@ absl::StatusOr<int64_t> TorchScriptVocabulary(torch::jit::Module& module, const 
   return vocab;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved);
+absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved,
+                                                         const AllowedRoots& roots);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved) {
+absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved,
+                                                  const AllowedRoots& roots) {
   // LibTorch throws; nothing escapes this function but a Status.
   try {
-    return BuildModelOrThrow(resolved);
+    return BuildModelOrThrow(resolved, roots);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("building the model: ", ShortWhat(e, 400)));
   }
@@ -226,7 +229,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved) {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved) {
+absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved,
+                                                         const AllowedRoots& roots) {
   const v1::Model& m = resolved.model();
   // Same seed, same initial weights on every rank (and in the tests' reference loop).
   torch::manual_seed(resolved.seed());
@@ -255,18 +259,22 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
       }
       return std::unique_ptr<Model>(new TorchScriptModel(std::move(module), vocab));
     }
+    case v1::Model::kLlama:
+      return BuildLlama(m.llama(), roots);
     case v1::Model::KIND_NOT_SET:
       break;
   }
-  return absl::InvalidArgumentError("model is required: one of tiny_gpt, mlp, torchscript");
+  return absl::InvalidArgumentError("model is required: one of tiny_gpt, mlp, torchscript, llama");
 }
 
 }  // namespace
 
 void RecordModelVocabulary(const Model& model, v1::JobSpec& resolved) {
+  const auto vocab = static_cast<int32_t>(model.VocabSize());
   if (resolved.model().has_torchscript()) {
-    resolved.mutable_model()->mutable_torchscript()->set_vocab_size(
-        static_cast<int32_t>(model.VocabSize()));
+    resolved.mutable_model()->mutable_torchscript()->set_vocab_size(vocab);
+  } else if (resolved.model().has_llama()) {
+    resolved.mutable_model()->mutable_llama()->set_vocab_size(vocab);
   }
 }
 

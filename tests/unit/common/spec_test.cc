@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -19,6 +20,7 @@ namespace trainstep {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using ::testing::HasSubstr;
 
 constexpr char kMinimal[] =
     R"({"model":{"tiny_gpt":{}},"data":{"text":{"paths":["/usr/share/common-licenses"]}}})";
@@ -119,7 +121,8 @@ void ExpectFullyResolved(const google::protobuf::Message& m, const std::string& 
       continue;
     }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      if (at == "eval" && !r->HasField(m, f)) continue;  // absent: no evaluation
+      if (at == "eval" && !r->HasField(m, f)) continue;                // absent: no evaluation
+      if (at == "model.llama.config" && !r->HasField(m, f)) continue;  // model.llama.path
       EXPECT_TRUE(r->HasField(m, f)) << at << " is missing";
       ExpectFullyResolved(r->GetMessage(m, f), at);
     } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM) {
@@ -127,6 +130,7 @@ void ExpectFullyResolved(const google::protobuf::Message& m, const std::string& 
     } else if (f->has_presence() && at != "clip.max_grad_norm" && at != "stop.max_updates" &&
                at != "stop.epochs" && at != "eval.max_batches" &&
                at != "model.torchscript.vocab_size" &&  // the model's own, read at load
+               at != "model.llama.vocab_size" &&        // path: read by the worker
                // Unset: no replacement policy (and its streak length only with it).
                at != "stragglers.replace_below" && at != "stragglers.replace_after_windows") {
       EXPECT_TRUE(r->HasField(m, f)) << at << " has no default filled in";
@@ -295,6 +299,46 @@ TEST(SpecTest, TorchScriptDefaults) {
   EXPECT_TRUE(IsTokenLevel(j));
 }
 
+// model.llama: a directory the workers read (vocabulary unknown until then), or an inline
+// config checked at submission. Catches a bad inline config accepted and failing every worker
+// instead of the submission, and a spec naming both or neither.
+TEST(SpecTest, LlamaPathOrInlineConfig) {
+  const v1::JobSpec path =
+      Resolve(R"({"model":{"llama":{"path":"/models/smol"}},"data":{"jsonl":{"path":"/d"}}})");
+  ExpectFullyResolved(path);
+  EXPECT_EQ(ModelVocabSize(path), 0);
+  EXPECT_EQ(ModelVocabSource(path), "/models/smol/config.json's vocab_size");
+  EXPECT_TRUE(IsTokenLevel(path));
+
+  constexpr char kInline[] =
+      R"({"model":{"llama":{"config":{"hidden_size":64,"intermediate_size":128,)"
+      R"("num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,)"
+      R"("vocab_size":300%s}}},"data":{"jsonl":{"path":"/d"}}})";
+  const v1::JobSpec fresh = Resolve(absl::StrFormat(kInline, ""));
+  EXPECT_EQ(fresh.model().llama().vocab_size(), 300);
+  EXPECT_EQ(ModelVocabSize(fresh), 300);
+  EXPECT_EQ(ModelVocabSource(fresh), "model.llama.config.vocab_size");
+
+  EXPECT_EQ(ErrorOf(absl::StrFormat(kInline, R"(,"hidden_act":"gelu")"))
+                .rfind("model.llama.config: hidden_act", 0),
+            0u)
+      << ErrorOf(absl::StrFormat(kInline, R"(,"hidden_act":"gelu")"));
+  EXPECT_THAT(ErrorOf(R"({"model":{"llama":{"config":{"hidden_size":"64"}}},)"
+                      R"("data":{"jsonl":{"path":"/d"}}})"),
+              HasSubstr("hidden_size must be an integer"));
+  EXPECT_THAT(ErrorOf(R"({"model":{"llama":{}},"data":{"jsonl":{"path":"/d"}}})"),
+              HasSubstr("model.llama needs exactly one of path"));
+  EXPECT_THAT(ErrorOf(absl::StrFormat(kInline, "")
+                          .replace(std::string_view(R"({"model":{"llama":{)").size(), 0,
+                                   R"("path":"/m",)")),
+              HasSubstr("model.llama needs exactly one of path"));
+  EXPECT_THAT(ErrorOf(R"({"model":{"llama":{"path":"/m"}},"data":{"synthetic_regression":{}}})"),
+              HasSubstr("model.llama needs data.text, data.jsonl or data.tokens"));
+  EXPECT_THAT(ErrorOf(R"({"model":{"llama":{"path":"/m","vocab_size":1}},)"
+                      R"("data":{"jsonl":{"path":"/d"}}})"),
+              HasSubstr("model.llama.vocab_size"));
+}
+
 // The tiny_gpt context and the text sample length follow each other when only one is given.
 TEST(SpecTest, SeqLenDefaults) {
   // data.text.seq_len given: the model's context is that long.
@@ -430,7 +474,7 @@ std::vector<RuleCase> RuleCases() {
 
       // Forgot the model.
       {"ModelMissing", R"({"data":{"text":{"paths":["/c"]}}})",
-       "model is required: one of tiny_gpt, mlp, torchscript"},
+       "model is required: one of tiny_gpt, mlp, torchscript, llama"},
       // An mlp fed with text.
       {"MlpOnText", R"({"model":{"mlp":{}},"data":{"text":{"paths":["/c"]}}})",
        "model.mlp needs data.synthetic_regression, got data.text"},
@@ -835,7 +879,7 @@ std::vector<RuleCase> RuleCases() {
       {"EvalMaxBatchesZero", Text(R"("eval":{"data":{"text":{"paths":["/v"]}},"max_batches":0})"),
        "eval.max_batches must be ≥ 1, got 0"},
       // Neither model nor data: model comes first.
-      {"EmptySpec", "{}", "model is required: one of tiny_gpt, mlp, torchscript"},
+      {"EmptySpec", "{}", "model is required: one of tiny_gpt, mlp, torchscript, llama"},
   };
 }
 
@@ -944,7 +988,7 @@ std::vector<RuleCase> ParseErrorCases() {
        "optimizer.adamw.lr: expected a number, got a list"},
       // Two models at once.
       {"TwoOneofMembers", R"({"model":{"tiny_gpt":{},"mlp":{}}})",
-       "model: give only one of tiny_gpt, mlp, torchscript, got mlp and another"},
+       "model: give only one of tiny_gpt, mlp, torchscript, llama, got mlp and another"},
       // The same field under both of its names.
       {"FieldGivenTwice", R"({"batch":{"microBatchSize":3,"micro_batch_size":4}})",
        "batch.micro_batch_size: given more than once (perhaps as both micro_batch_size and "
