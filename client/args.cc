@@ -1,6 +1,7 @@
 #include "client/args.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -29,6 +30,8 @@ constexpr Verb kVerbs[] = {
     {"job", "plot", Command::kJobPlot, "ID",
      "draw a job's loss, lr, loss scale and grad norm as an SVG file"},
     {"worker", "list", Command::kWorkerList, "", "list workers"},
+    {"checkpoint", "export", Command::kCheckpointExport, "CKPT_DIR",
+     "write a llama checkpoint as a Hugging Face model directory"},
 };
 
 const Verb* FindVerb(const std::string& noun, const std::string& verb) {
@@ -38,7 +41,18 @@ const Verb* FindVerb(const std::string& noun, const std::string& verb) {
   return nullptr;
 }
 
-bool IsNoun(const std::string& s) { return s == "job" || s == "worker"; }
+bool IsNoun(const std::string& s) { return s == "job" || s == "worker" || s == "checkpoint"; }
+
+// The width of the command column of a usage text: the longest entry and two spaces.
+size_t CommandColumn(bool with_noun, size_t at_least) {
+  size_t width = at_least;
+  for (const Verb& v : kVerbs) {
+    const size_t call = (with_noun ? std::strlen(v.noun) + 1 : 0) + std::strlen(v.verb) +
+                        (*v.operand ? 1 + std::strlen(v.operand) : 0);
+    width = std::max(width, call + 2);
+  }
+  return width;
+}
 
 constexpr char kGlobalFlags[] =
     "Global flags (accepted anywhere on the line):\n"
@@ -57,7 +71,8 @@ constexpr char kGlobalFlags[] =
 
 std::string TopUsage() {
   std::string s =
-      "trainstep: submit, follow and inspect training jobs on a trainstep coordinator.\n"
+      "trainstep: submit, follow and inspect training jobs on a trainstep coordinator, and\n"
+      "export their checkpoints.\n"
       "\n"
       "Usage:\n"
       "  trainstep [global flags] <noun> <verb> [arguments] [flags]\n"
@@ -65,7 +80,7 @@ std::string TopUsage() {
       "Commands:\n";
   for (const Verb& v : kVerbs) {
     std::string call = absl::StrCat(v.noun, " ", v.verb, *v.operand ? " " : "", v.operand);
-    call.resize(std::max<size_t>(call.size() + 2, 24), ' ');
+    call.resize(CommandColumn(/*with_noun=*/true, 24), ' ');
     absl::StrAppend(&s, "  ", call, v.summary, "\n");
   }
   absl::StrAppend(
@@ -99,13 +114,15 @@ std::string TopUsage() {
 std::string NounUsage(const std::string& noun) {
   std::string s =
       absl::StrCat("Usage:\n  trainstep ", noun, " <verb> [arguments] [flags]\n\nVerbs:\n");
+  bool remote = false;  // the coordinator's flags apply to some verb
   for (const Verb& v : kVerbs) {
     if (noun != v.noun) continue;
     std::string call = absl::StrCat(v.verb, *v.operand ? " " : "", v.operand);
-    call.resize(std::max<size_t>(call.size() + 2, 18), ' ');
+    call.resize(CommandColumn(/*with_noun=*/false, 18), ' ');
     absl::StrAppend(&s, "  ", call, v.summary, "\n");
+    remote = remote || NeedsCoordinator(v.command);
   }
-  absl::StrAppend(&s, "\n", kGlobalFlags, "\nRun 'trainstep ", noun,
+  absl::StrAppend(&s, "\n", remote ? kGlobalFlags : "", remote ? "\n" : "", "Run 'trainstep ", noun,
                   " <verb> --help' for the flags of a verb.\n");
   return s;
 }
@@ -168,6 +185,33 @@ std::string VerbUsage(const Verb& v) {
                       "Flags:\n"
                       "  --job ID  only the workers of this job\n");
       break;
+    case Command::kCheckpointExport:
+      // Works on local files only: the coordinator's flags mean nothing here.
+      absl::StrAppend(
+          &s,
+          " --out DIR [--dtype DTYPE] [--max-shard-size SIZE]\n\n"
+          "CKPT_DIR is a llama job's checkpoint (ckpt-<id>/: config.json and model.safetensors\n"
+          "with the fp32 master weights). DIR receives what transformers' from_pretrained loads:\n"
+          "config.json, its torch_dtype set to DTYPE, and model.safetensors, or, when the tensors\n"
+          "exceed SIZE, model-00001-of-0000N.safetensors ... and model.safetensors.index.json.\n"
+          "Tokenizer files are not part of a checkpoint: copy them from the base model. No\n"
+          "coordinator is contacted.\n\n"
+          "Flags:\n"
+          "  --out DIR              the directory to create: it must not exist, or be empty. It\n"
+          "                         is written as DIR.tmp-<pid> and renamed when complete, so\n"
+          "                         DIR appears whole or not at all\n"
+          "  --dtype DTYPE          float32, bfloat16 or float16 (default: the dtype the job's\n"
+          "                         model was loaded in, its config's trainstep_source_dtype;\n"
+          "                         float32 if it has none). fp32 weights are rounded to\n"
+          "                         nearest, ties to even; tensors in another dtype are copied\n"
+          "                         as they are\n"
+          "  --max-shard-size SIZE  the most tensor bytes in one file, e.g. 5GB, 500MB, 2GiB\n"
+          "                         (KB, MB, GB are 1000-based as in transformers; default\n"
+          "                         5GB); a larger tensor gets a file of its own\n"
+          "  -h, --help             print this usage and exit\n\n"
+          "Prints one line per file written and a summary on stdout. Exit code 1, with nothing\n"
+          "left behind, if the checkpoint cannot be read or DIR cannot be written.\n");
+      return s;
     default:
       absl::StrAppend(&s, "\n");
       break;
@@ -180,6 +224,7 @@ std::string VerbUsage(const Verb& v) {
 struct RawArgs {
   std::vector<std::string> positionals;
   std::optional<std::string> coordinator, output, timeout, request_id, job, out;
+  std::optional<std::string> dtype, max_shard_size;
   std::optional<std::string> tls_ca, tls_cert, tls_key, token_file;
   bool watch = false;
   bool help = false;
@@ -230,6 +275,8 @@ RawArgs Scan(const std::vector<std::string>& args) {
     if (name == "--request-id") slot = &raw.request_id;
     if (name == "--job") slot = &raw.job;
     if (name == "--out") slot = &raw.out;
+    if (name == "--dtype") slot = &raw.dtype;
+    if (name == "--max-shard-size") slot = &raw.max_shard_size;
     if (name == "--tls-ca") slot = &raw.tls_ca;
     if (name == "--tls-cert") slot = &raw.tls_cert;
     if (name == "--tls-key") slot = &raw.tls_key;
@@ -267,6 +314,8 @@ std::string CommandName(Command command) {
   return "";
 }
 
+bool NeedsCoordinator(Command command) { return command != Command::kCheckpointExport; }
+
 std::string UsageText(const std::string& level) {
   if (level.empty()) return TopUsage();
   if (IsNoun(level)) return NounUsage(level);
@@ -287,16 +336,31 @@ std::string TakeOperand(const Verb& verb, const std::vector<std::string>& pos, I
   const std::string name = CommandName(verb.command);
   const size_t want = *verb.operand ? 1 : 0;
   if (pos.size() - 2 < want) {
-    return verb.command == Command::kJobSubmit
-               ? absl::StrCat(name, " needs SPEC.json (a file, or - for stdin)")
-               : absl::StrCat(name, " needs a job ID");
+    switch (verb.command) {
+      case Command::kJobSubmit:
+        return absl::StrCat(name, " needs SPEC.json (a file, or - for stdin)");
+      case Command::kCheckpointExport:
+        return absl::StrCat(name, " needs CKPT_DIR (a checkpoint directory, ckpt-<id>)");
+      default:
+        return absl::StrCat(name, " needs a job ID");
+    }
   }
   if (pos.size() - 2 > want) {
     return absl::StrCat("unexpected argument \"", pos[2 + want], "\" for ", name);
   }
   if (want == 0) return "";
   if (pos[2].empty()) return absl::StrCat(name, ": ", verb.operand, " is empty");
-  (verb.command == Command::kJobSubmit ? inv->spec_path : inv->job_id) = pos[2];
+  switch (verb.command) {
+    case Command::kJobSubmit:
+      inv->spec_path = pos[2];
+      break;
+    case Command::kCheckpointExport:
+      inv->export_options.checkpoint_dir = pos[2];
+      break;
+    default:
+      inv->job_id = pos[2];
+      break;
+  }
   return "";
 }
 
@@ -311,12 +375,37 @@ std::string TakeCommandFlags(const RawArgs& raw, Invocation* inv) {
     if (raw.watch) return not_a_flag("--watch");
   }
   if (inv->command != Command::kWorkerList && raw.job.has_value()) return not_a_flag("--job");
-  if (inv->command != Command::kJobPlot && raw.out.has_value()) return not_a_flag("--out");
+  const bool exporting = inv->command == Command::kCheckpointExport;
+  if (inv->command != Command::kJobPlot && !exporting && raw.out.has_value()) {
+    return not_a_flag("--out");
+  }
+  if (!exporting) {
+    if (raw.dtype.has_value()) return not_a_flag("--dtype");
+    if (raw.max_shard_size.has_value()) return not_a_flag("--max-shard-size");
+  }
   if (inv->command == Command::kJobPlot) {
     if (!raw.out.has_value() || raw.out->empty()) {
       return "job plot needs --out FILE.svg (- for stdout)";
     }
     inv->out_path = *raw.out;
+  }
+  if (exporting) {
+    if (!raw.out.has_value() || raw.out->empty()) {
+      return "checkpoint export needs --out DIR (a directory to create)";
+    }
+    inv->export_options.out_dir = *raw.out;
+    if (raw.dtype.has_value()) {
+      if (!IsExportDtype(*raw.dtype)) {
+        return absl::StrCat("--dtype must be float32, bfloat16 or float16, got \"", *raw.dtype,
+                            "\"");
+      }
+      inv->export_options.dtype = *raw.dtype;
+    }
+    if (raw.max_shard_size.has_value()) {
+      absl::StatusOr<uint64_t> bytes = ParseByteSize(*raw.max_shard_size);
+      if (!bytes.ok()) return absl::StrCat("--max-shard-size ", bytes.status().message());
+      inv->export_options.max_shard_bytes = *bytes;
+    }
   }
   if (raw.request_id.has_value()) {
     if (raw.request_id->empty()) return "--request-id must not be empty";
@@ -402,9 +491,10 @@ ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& en
     return p;
   }
   if (!raw.error.empty()) return UsageError(raw.error, level);
-  if (pos.empty()) return UsageError("missing command (job or worker)", "");
+  if (pos.empty()) return UsageError("missing command (job, worker or checkpoint)", "");
   if (!IsNoun(pos[0])) {
-    return UsageError(absl::StrCat("unknown command \"", pos[0], "\" (commands: job, worker)"), "");
+    return UsageError(
+        absl::StrCat("unknown command \"", pos[0], "\" (commands: job, worker, checkpoint)"), "");
   }
   if (pos.size() < 2) return UsageError(absl::StrCat("missing verb after \"", pos[0], "\""), level);
   if (verb == nullptr) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/export.h"
 #include "common/tls.h"
 
 namespace trainstep::client {
@@ -33,12 +34,16 @@ enum class Command {
   kJobCancel,
   kJobLogs,
   kJobPlot,
-  kWorkerList
+  kWorkerList,
+  kCheckpointExport
 };
 enum class Output { kTable, kJson, kJsonl };
 
 // "job submit", "worker list", ...
 std::string CommandName(Command command);
+
+// Whether the command talks to the coordinator (checkpoint export works on local files only).
+bool NeedsCoordinator(Command command);
 
 // A command line that parsed: what to run and how.
 struct Invocation {
@@ -49,9 +54,10 @@ struct Invocation {
   bool timeout_given = false;                  // --timeout on the line (job watch uses it)
   std::string job_id;                          // job get|watch|cancel|logs ID; worker list --job
   std::string spec_path;                       // job submit; "-" = stdin
-  std::string request_id;  // job submit --request-id; empty = derived from the spec
-  bool watch = false;      // job submit --watch
-  std::string out_path;    // job plot --out; "-" = stdout
+  std::string request_id;        // job submit --request-id; empty = derived from the spec
+  bool watch = false;            // job submit --watch
+  std::string out_path;          // job plot --out; "-" = stdout
+  ExportOptions export_options;  // checkpoint export: CKPT_DIR, --out, --dtype, --max-shard-size
   // --tls-ca, --tls-cert, --tls-key, --token-file as given; their variables fill the gaps
   // when the CLI connects (common/tls.h ResolveChannelSecurity).
   ChannelSecurityFlags security;
@@ -69,7 +75,8 @@ struct ParsedArgs {
 // `args` excludes the program name. `env_coordinator` is $TRAINSTEP_COORDINATOR ("" = unset).
 ParsedArgs ParseArgs(const std::vector<std::string>& args, const std::string& env_coordinator);
 
-// Usage texts, by level: "" (top), "job", "worker", or a full command name ("job submit").
+// Usage texts, by level: "" (top), a noun ("job", "worker", "checkpoint"), or a full command
+// name ("job submit").
 std::string UsageText(const std::string& level);
 
 }  // namespace trainstep::client

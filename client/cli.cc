@@ -37,19 +37,7 @@ int RunCli(const std::vector<std::string>& args, const ProcessEnvironment& env, 
       break;
   }
   const Invocation& inv = parsed.invocation;
-  const bool color_err = env.stderr_tty && !env.no_color;
-  absl::StatusOr<ChannelSecurity> security = ResolveChannelSecurity(inv.security, env.security_env);
-  if (!security.ok()) {
-    err << Colorize("error:", Color::kRed, color_err) << " " << security.status().message() << "\n";
-    return kExitUsage;
-  }
-  // Keepalive and UNAVAILABLE retries as every trainstep client; the watch stream relies on
-  // the keepalive to notice a vanished coordinator.
-  std::unique_ptr<v1::JobService::Stub> stub =
-      v1::JobService::NewStub(MakeChannel(inv.coordinator, *security));
   CommandContext ctx;
-  ctx.security = *security;
-  ctx.stub = stub.get();
   ctx.coordinator = inv.coordinator;
   ctx.timeout = inv.timeout;
   if (inv.timeout_given) ctx.watch_no_progress_timeout = inv.timeout;
@@ -60,6 +48,22 @@ int RunCli(const std::vector<std::string>& args, const ProcessEnvironment& env, 
   ctx.live_progress = env.stderr_tty;
   ctx.color_out = env.stdout_tty && !env.no_color;
   ctx.color_err = env.stderr_tty && !env.no_color;
+  // A local command must not fail on credentials it never uses.
+  std::unique_ptr<v1::JobService::Stub> stub;
+  if (NeedsCoordinator(inv.command)) {
+    absl::StatusOr<ChannelSecurity> security =
+        ResolveChannelSecurity(inv.security, env.security_env);
+    if (!security.ok()) {
+      err << Colorize("error:", Color::kRed, ctx.color_err) << " " << security.status().message()
+          << "\n";
+      return kExitUsage;
+    }
+    // Keepalive and UNAVAILABLE retries as every trainstep client; the watch stream relies on
+    // the keepalive to notice a vanished coordinator.
+    stub = v1::JobService::NewStub(MakeChannel(inv.coordinator, *security));
+    ctx.security = *security;
+    ctx.stub = stub.get();
+  }
   const int rc = RunCommand(ctx, inv);
   out.flush();
   return rc;

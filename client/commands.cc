@@ -400,6 +400,11 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
   std::string spec = JobSpecToJson(job.spec(), /*pretty=*/true);
   absl::StripTrailingAsciiWhitespace(&spec);
   *ctx.out << RenderKeyValues(kv) << "spec:\n" << spec << "\n";
+  if (job.model_config().fields_size() > 0) {  // model.llama: the config.json the workers read
+    std::string config = ToJson(job.model_config(), /*pretty=*/true);
+    absl::StripTrailingAsciiWhitespace(&config);
+    *ctx.out << "model config:\n" << config << "\n";
+  }
   return kExitOk;
 }
 
@@ -697,6 +702,15 @@ int WorkerList(const CommandContext& ctx, const std::string& job_id) {
   return kExitOk;
 }
 
+int CheckpointExport(const CommandContext& ctx, const ExportOptions& options) {
+  const absl::Status s = ExportCheckpoint(options, *ctx.out);
+  if (!s.ok()) {
+    PrintError(ctx, std::string(s.message()));
+    return kExitError;
+  }
+  return kExitOk;
+}
+
 int RunCommand(const CommandContext& ctx, const Invocation& inv) {
   switch (inv.command) {
     case Command::kJobSubmit:
@@ -715,6 +729,8 @@ int RunCommand(const CommandContext& ctx, const Invocation& inv) {
       return JobPlot(ctx, inv.job_id, inv.out_path);
     case Command::kWorkerList:
       return WorkerList(ctx, inv.job_id);
+    case Command::kCheckpointExport:
+      return CheckpointExport(ctx, inv.export_options);
   }
   return kExitError;
 }

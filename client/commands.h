@@ -14,6 +14,7 @@
 
 #include "absl/time/time.h"
 #include "client/args.h"
+#include "client/export.h"
 #include "common/clock.h"
 #include "common/tls.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
@@ -50,6 +51,8 @@ int JobLogs(const CommandContext& ctx, const std::string& job_id);
 // Writes the job's per-update log as an SVG picture to `out_path` ("-" = ctx.out).
 int JobPlot(const CommandContext& ctx, const std::string& job_id, const std::string& out_path);
 int WorkerList(const CommandContext& ctx, const std::string& job_id);
+// Local files only: ctx.stub is not used. One line per file written on ctx.out.
+int CheckpointExport(const CommandContext& ctx, const ExportOptions& options);
 
 // Runs the command an Invocation names.
 int RunCommand(const CommandContext& ctx, const Invocation& invocation);

@@ -223,6 +223,9 @@ absl::Status CheckSpecPaths(const v1::JobSpec& spec, const AllowedRoots& roots) 
   if (!spec.model().llama().path().empty()) {
     RETURN_IF_ERROR(roots.Check("model.llama.path", spec.model().llama().path()));
   }
+  if (!spec.model().init_from().empty()) {
+    RETURN_IF_ERROR(roots.Check("model.init_from", spec.model().init_from()));
+  }
   if (!spec.checkpoint().dir().empty()) {
     RETURN_IF_ERROR(roots.Check("checkpoint.dir", spec.checkpoint().dir()));
   }

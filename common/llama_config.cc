@@ -41,7 +41,7 @@ constexpr absl::string_view kKnownKeys[] = {
     // Read.
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-    "tie_word_embeddings", "attention_bias", "model_type", "torch_dtype", "dtype",
+    "tie_word_embeddings", "attention_bias", "model_type", "torch_dtype", "dtype", kSourceDtypeKey,
     // Checked.
     "hidden_act", "hidden_activation", "rope_scaling", "mlp_bias", "pretraining_tp", "head_dim",
     "use_sliding_window", "attention_dropout", "sliding_window", "rope_type",
@@ -348,7 +348,8 @@ bool operator==(const LlamaConfig& a, const LlamaConfig& b) {
          a.max_position_embeddings == b.max_position_embeddings &&
          a.rms_norm_eps == b.rms_norm_eps && a.rope_theta == b.rope_theta &&
          a.tie_word_embeddings == b.tie_word_embeddings && a.qkv_bias == b.qkv_bias &&
-         a.o_bias == b.o_bias && a.model_type == b.model_type && a.torch_dtype == b.torch_dtype;
+         a.o_bias == b.o_bias && a.model_type == b.model_type && a.torch_dtype == b.torch_dtype &&
+         a.source_dtype == b.source_dtype;
 }
 
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const pb::Struct& config, absl::string_view where,
@@ -383,6 +384,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const pb::Struct& config, absl::str
     ASSIGN_OR_RETURN(c.torch_dtype, f.String("torch_dtype", "", /*null_is_absent=*/true));
   } else {
     ASSIGN_OR_RETURN(c.torch_dtype, f.String("dtype", "", /*null_is_absent=*/true));
+  }
+  ASSIGN_OR_RETURN(c.source_dtype, f.String(kSourceDtypeKey, "", /*null_is_absent=*/true));
+  if (!c.source_dtype.empty() && c.source_dtype != "float32" && c.source_dtype != "bfloat16" &&
+      c.source_dtype != "float16") {
+    return f.Error(kSourceDtypeKey, absl::StrCat("must be float32, bfloat16 or float16, got ",
+                                                 Quote(c.source_dtype)));
   }
 
   if (c.model_type == "qwen2") {
@@ -486,6 +493,7 @@ pb::Struct LlamaConfigStruct(const LlamaConfig& config) {
   fields["rope_scaling"].set_null_value(pb::NULL_VALUE);
   fields["rope_theta"].set_number_value(config.rope_theta);
   fields["tie_word_embeddings"].set_bool_value(config.tie_word_embeddings);
+  if (!config.source_dtype.empty()) fields[kSourceDtypeKey].set_string_value(config.source_dtype);
   if (!config.torch_dtype.empty()) fields["torch_dtype"].set_string_value(config.torch_dtype);
   fields["vocab_size"].set_number_value(static_cast<double>(config.vocab_size));
   return out;

@@ -15,6 +15,9 @@
 
 namespace trainstep {
 
+// The key of a checkpoint's config.json naming the dtype its model was loaded in.
+inline constexpr char kSourceDtypeKey[] = "trainstep_source_dtype";
+
 // The shape of a decoder-only Llama-family model as trainstep builds it. ParseLlamaConfig
 // returns only configs whose head_dim() divides exactly and is even.
 struct LlamaConfig {
@@ -26,6 +29,9 @@ struct LlamaConfig {
   bool o_bias = false;    // o_proj has a bias
   std::string model_type = "llama";
   std::string torch_dtype;  // as the file says ("float32", "bfloat16", "float16"), "" if absent
+  // What a trainstep checkpoint's weights came in as (kSourceDtypeKey): its config.json says
+  // float32, which its master weights are, and `checkpoint export` writes this dtype by default.
+  std::string source_dtype;
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
@@ -49,7 +55,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfigJson(absl::string_view json, absl::s
 
 // config.json as trainstep writes it beside its weights: every key of LlamaConfig (biases as
 // model_type/attention_bias), architectures ["LlamaForCausalLM"] or ["Qwen2ForCausalLM"],
-// hidden_act "silu", rope_scaling null, torch_dtype `torch_dtype` (omitted if empty); pretty,
+// hidden_act "silu", rope_scaling null, torch_dtype `torch_dtype` (omitted if empty),
+// trainstep_source_dtype `config.source_dtype` (omitted if empty); pretty,
 // keys sorted, ends with a newline. A config ParseLlamaConfig returned parses back to an equal
 // one; a hand-made one whose biases no config.json can say (qwen2 without exactly q/k/v bias,
 // another model_type with qkv_bias != o_bias) does not.

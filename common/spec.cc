@@ -289,6 +289,14 @@ absl::Status ResolveModel(const v1::JobSpec& in, v1::JobSpec& out) {
       RETURN_IF_ERROR(IntInRange("model.torchscript.vocab_size", ts.vocab_size(), 2, 1000000));
     }
   }
+  // The blocks it recomputes are the built-in transformers'; a user's module has none we know.
+  if (!model.has_activation_checkpointing()) model.set_activation_checkpointing(false);
+  if (model.activation_checkpointing() && !model.has_tiny_gpt() && !model.has_llama()) {
+    return Invalid(absl::StrCat(
+        "model.activation_checkpointing is for the built-in transformers (tiny_gpt, llama), got "
+        "model.",
+        model.has_mlp() ? "mlp" : "torchscript"));
+  }
   return absl::OkStatus();
 }
 

@@ -12,6 +12,8 @@
 namespace trainstep {
 namespace {
 
+constexpr size_t kMaxModelConfigBytes = 64 * 1024;
+
 std::string Bound(int64_t v) {
   if (v == kMaxUnits) return "2^53";
   if (v == kMaxCallsPerWindow) return "2^32";
@@ -81,9 +83,15 @@ absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& req) {
       return s;
     }
   }
-  if (req.has_dataset())
-    return InRange(kRequest, "dataset.samples", req.dataset().samples(), 1, kMaxUnits);
-  return absl::OkStatus();
+  if (!req.has_dataset()) return absl::OkStatus();
+  // A config.json is a few hundred bytes; the bound keeps a faulty worker's report from
+  // growing the journal and every job answer.
+  if (req.dataset().model_config().ByteSizeLong() > kMaxModelConfigBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(kRequest, ".dataset.model_config is ",
+                                                   req.dataset().model_config().ByteSizeLong(),
+                                                   " bytes, more than ", kMaxModelConfigBytes));
+  }
+  return InRange(kRequest, "dataset.samples", req.dataset().samples(), 1, kMaxUnits);
 }
 
 absl::Status ValidateBeginWindow(const v1::BeginWindowRequest& req) {

@@ -1,5 +1,7 @@
 #include "coordinator/step_machine.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -186,6 +188,7 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
       const v1::DatasetAccepted& d = record.dataset_accepted();
       if (!dataset_.has_value()) {
         dataset_ = d.dataset();
+        *job_.mutable_model_config() = d.dataset().model_config();
         windows_per_epoch_ = d.windows_per_epoch();
         planner_ = std::make_unique<data::WindowPlanner>(job_.spec(), d.dataset().samples());
       }
@@ -870,6 +873,13 @@ void StepMachine::Detached(const std::string& worker_id, uint64_t seq, absl::Tim
 
 absl::Status StepMachine::AcceptDataset(const std::string& worker_id, const v1::DatasetInfo& d,
                                         absl::Time now) {
+  if (dataset_.has_value() && !google::protobuf::util::MessageDifferencer::Equals(
+                                  dataset_->model_config(), d.model_config())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %s built its model from a different config than the job's (model_config): "
+        "every worker must read the same model.llama.path",
+        worker_id));
+  }
   if (dataset_.has_value() &&
       (dataset_->samples() != d.samples() || dataset_->fingerprint() != d.fingerprint())) {
     return absl::FailedPreconditionError(absl::StrFormat(

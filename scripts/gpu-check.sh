@@ -5,7 +5,9 @@
 #      from the system when it has them, else from Debian .debs unpacked with `dpkg -x`;
 #   2. runs the device tests (worker_device_test: every Cuda* test must run, not skip);
 #   3. runs an fp16 job on the GPU against the single-process fp32 reference
-#      (conformance: EquivalenceTest.CudaFp16WithScalerTracksFp32Reference);
+#      (conformance: EquivalenceTest.CudaFp16WithScalerTracksFp32Reference), and the Llama-family
+#      model's tests against the independent PyTorch implementation run by that PyTorch
+#      (LlamaTest.*, among them one window on CUDA workers with activation checkpointing);
 #   4. compares throughput with PyTorch DDP on the same GPU: a GPT-2-small-sized tiny_gpt
 #      (12 layers, 12 heads, d_model 768, seq_len 1024) in bf16, tokens/s and MFU
 #      (tests/bench/worker/gpu_bench.py).
@@ -114,7 +116,7 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_
 grep -E "gRPC_DIR|absl_DIR|Torch_DIR|prometheus-cpp_DIR" "$BUILD/CMakeCache.txt" |
   sed 's/^/  /' | tee -a "$OUT/gpu-check.txt" >&2
 cmake --build "$BUILD" --target trainstep trainstep-coordinator trainstep-worker \
-  worker_device_test conformance_equivalence_test >"$OUT/build.log" 2>&1 ||
+  worker_device_test conformance_equivalence_test conformance_llama_test >"$OUT/build.log" 2>&1 ||
   { grep -E "error|Error" -m 20 "$OUT/build.log" >&2; die "build failed (log: $OUT/build.log)"; }
 say "built in $(elapsed); worker loads: $(ldd "$BUILD/bin/trainstep-worker" |
   grep -oE 'lib(torch_cuda|nccl|torch_cpu|grpc\+\+|protobuf)[^ ]* => [^ ]*' | tr '\n' ' ')"
@@ -142,6 +144,17 @@ say "fp16 job: $(grep -E 'fp16 on|bf16 vs|^\[  (PASSED|FAILED|SKIPPED) \] [A-Za-
 [ $rc -eq 0 ] || die "the fp16 job failed (log: $OUT/fp16-job.log)"
 if [ "$CPU" = 0 ] && grep -q 'SKIPPED \] EquivalenceTest.CudaFp16' "$OUT/fp16-job.log"; then
   die "the fp16 job skipped on a GPU machine"
+fi
+
+# 5b. The Llama-family model against the independent implementation, on the device too.
+rc=0
+(cd "$BUILD" && TRAINSTEP_REFERENCE_PYTHON="$PY" tests/conformance_llama_test) \
+  >"$OUT/llama.log" 2>&1 || rc=$?
+say "llama: $(grep -cE '^\[       OK \]' "$OUT/llama.log") passed;" \
+  "$(grep -E '^\[  (FAILED  |SKIPPED) \] [A-Za-z]' "$OUT/llama.log" | tr '\n' ' ')"
+[ $rc -eq 0 ] || die "the Llama tests failed (log: $OUT/llama.log)"
+if [ "$CPU" = 0 ] && grep -q 'SKIPPED \] LlamaTest.Cuda' "$OUT/llama.log"; then
+  die "the CUDA Llama window skipped on a GPU machine"
 fi
 
 # 6. Throughput against PyTorch DDP on the same device.

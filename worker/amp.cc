@@ -16,6 +16,8 @@ void SetAutocast(at::DeviceType type, bool on, at::ScalarType dtype) {
   if (on) at::autocast::set_autocast_dtype(type, dtype);
   at::autocast::set_autocast_enabled(type, on);
 }
+bool AutocastEnabled(at::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+at::ScalarType AutocastDtype(at::DeviceType type) { return at::autocast::get_autocast_dtype(type); }
 #else
 void SetAutocast(at::DeviceType type, bool on, at::ScalarType dtype) {
   if (type == at::kCUDA) {
@@ -25,6 +27,13 @@ void SetAutocast(at::DeviceType type, bool on, at::ScalarType dtype) {
     if (on) at::autocast::set_autocast_cpu_dtype(dtype);
     at::autocast::set_cpu_enabled(on);
   }
+}
+bool AutocastEnabled(at::DeviceType type) {
+  return type == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+at::ScalarType AutocastDtype(at::DeviceType type) {
+  return type == at::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                           : at::autocast::get_autocast_cpu_dtype();
 }
 #endif
 
@@ -53,6 +62,29 @@ AutocastScope::~AutocastScope() {
   // Leaving the outermost scope frees the casted-weight cache, as torch.autocast does.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   SetAutocast(type_, false, at::kFloat);
+}
+
+AutocastState CurrentAutocast() {
+  AutocastState s;
+  s.cpu = AutocastEnabled(at::kCPU);
+  s.cuda = AutocastEnabled(at::kCUDA);
+  s.cpu_dtype = AutocastDtype(at::kCPU);
+  s.cuda_dtype = AutocastDtype(at::kCUDA);
+  return s;
+}
+
+AutocastReplay::AutocastReplay(const AutocastState& state) : previous_(CurrentAutocast()) {
+  Apply(state);
+}
+
+AutocastReplay::~AutocastReplay() { Apply(previous_); }
+
+void AutocastReplay::Apply(const AutocastState& state) {
+  // On with its dtype, then off where it was off: the dtype comes back either way.
+  SetAutocast(at::kCPU, true, state.cpu_dtype);
+  SetAutocast(at::kCPU, state.cpu, state.cpu_dtype);
+  SetAutocast(at::kCUDA, true, state.cuda_dtype);
+  SetAutocast(at::kCUDA, state.cuda, state.cuda_dtype);
 }
 
 bool UnscaleAndCheck(std::vector<at::Tensor>& tensors, double inv_scale) {

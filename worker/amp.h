@@ -31,6 +31,29 @@ class AutocastScope {
   at::DeviceType type_ = at::kCPU;
 };
 
+// Which autocast is on, per device type, and in which dtype: what a recomputation in backward
+// (activation checkpointing) must see to compute what the forward computed.
+struct AutocastState {
+  bool cpu = false;
+  bool cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  at::ScalarType cuda_dtype = at::kHalf;
+};
+AutocastState CurrentAutocast();
+
+// Puts `state` in force for its lifetime (in this thread) and the previous one back after.
+class AutocastReplay {
+ public:
+  explicit AutocastReplay(const AutocastState& state);
+  ~AutocastReplay();
+  AutocastReplay(const AutocastReplay&) = delete;
+  AutocastReplay& operator=(const AutocastReplay&) = delete;
+
+ private:
+  void Apply(const AutocastState& state);
+  AutocastState previous_;
+};
+
 // tensors ×= inv_scale in place; returns true if any value is not finite. The CPU path is
 // our own (Debian's LibTorch 1.13 has the ATen op for CUDA only); CUDA uses
 // _amp_foreach_non_finite_check_and_unscale_.

@@ -7,8 +7,11 @@
 
 namespace trainstep {
 
-CheckpointWriter::CheckpointWriter(std::string dir, int keep_last, OnWritten on_written, Env* env)
-    : dir_(std::move(dir)), keep_last_(keep_last), on_written_(std::move(on_written)), env_(env) {}
+CheckpointWriter::CheckpointWriter(std::string dir, int keep_last, ckpt::ExtraFiles extra_files,
+                                   OnWritten on_written, Env* env)
+    : dir_(std::move(dir)), keep_last_(keep_last), on_written_(std::move(on_written)), env_(env) {
+  options_.extra_files = std::move(extra_files);
+}
 
 CheckpointWriter::~CheckpointWriter() {
   absl::Status s = Flush();
@@ -22,8 +25,8 @@ absl::Status CheckpointWriter::Submit(const ckpt::CheckpointMeta& meta,
   model_ = HostCopy::Start(model);
   optimizer_ = HostCopy::Start(optimizer);
   thread_ = std::thread([this, meta] {
-    absl::StatusOr<std::string> path =
-        ckpt::WriteCheckpoint(dir_, meta, model_->Wait(), optimizer_->Wait(), keep_last_, env_);
+    absl::StatusOr<std::string> path = ckpt::WriteCheckpoint(
+        dir_, meta, model_->Wait(), optimizer_->Wait(), keep_last_, env_, options_);
     status_ = path.ok() ? on_written_(meta, *path) : path.status();
   });
   return absl::OkStatus();

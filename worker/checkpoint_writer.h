@@ -23,7 +23,9 @@ class CheckpointWriter {
   using OnWritten =
       std::function<absl::Status(const ckpt::CheckpointMeta& meta, const std::string& path)>;
 
-  CheckpointWriter(std::string dir, int keep_last, OnWritten on_written, Env* env = Env::Default());
+  // `extra_files` go into every checkpoint beside the tensors (Model::CheckpointFiles).
+  CheckpointWriter(std::string dir, int keep_last, ckpt::ExtraFiles extra_files,
+                   OnWritten on_written, Env* env = Env::Default());
   ~CheckpointWriter();  // waits for the write in flight (its error is logged)
 
   // Waits for the previous checkpoint (returning its error, and then writing nothing), then
@@ -39,6 +41,7 @@ class CheckpointWriter {
  private:
   const std::string dir_;
   const int keep_last_;
+  ckpt::WriteOptions options_;
   const OnWritten on_written_;
   Env* const env_;
   // In flight: the copies and the thread writing them; status_ is written by that thread

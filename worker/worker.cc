@@ -24,6 +24,7 @@
 #include "worker/fault_hooks.h"
 #include "worker/generate.h"
 #include "worker/loss.h"
+#include "worker/models/llama.h"
 #include "worker/torch_status.h"
 
 namespace trainstep {
@@ -146,11 +147,6 @@ absl::Status Worker::Setup() {
   if (options_.metrics != nullptr) options_.metrics->SetJob(job_id_);
   device_ = options_.collective.device;
   UseDeviceInThisThread(device_);
-  checkpoints_ = std::make_unique<CheckpointWriter>(
-      spec_.checkpoint().dir(), spec_.checkpoint().keep_last(),
-      [this](const ckpt::CheckpointMeta& meta, const std::string& path) {
-        return AckCheckpoint(meta, path);
-      });
   if (spec_.precision() == v1::JobSpec::bf16 && !device_.is_cuda()) LogBf16Notice(options_.cpu);
   if (absl::Status s = PromiseReproducibleWindows(); !s.ok()) {
     Fail(s);
@@ -170,6 +166,11 @@ absl::Status Worker::Setup() {
   // The model's own vocabulary from here on: the data's ids are checked against it before any
   // window, and the spec written beside the checkpoints carries it.
   RecordModelVocabulary(replica_->model(), spec_);
+  checkpoints_ = std::make_unique<CheckpointWriter>(
+      spec_.checkpoint().dir(), spec_.checkpoint().keep_last(), replica_->model().CheckpointFiles(),
+      [this](const ckpt::CheckpointMeta& meta, const std::string& path) {
+        return AckCheckpoint(meta, path);
+      });
 
   absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, job_roots_);
   if (!d.ok()) {
@@ -196,6 +197,9 @@ absl::Status Worker::Setup() {
   v1::DatasetInfo dataset;
   dataset.set_samples(dataset_->size());
   dataset.set_fingerprint(dataset_->fingerprint());
+  if (const LlamaConfig* config = LlamaConfigOf(replica_->model()); config != nullptr) {
+    *dataset.mutable_model_config() = LlamaConfigStruct(*config);
+  }
   link_->SetDataset(dataset);  // the heartbeats report it from here on
   if (options_.overlap_allreduce && device_.is_cuda()) {
     // NCCL would be launched from autograd's device threads, on their streams: not done here.

@@ -1,4 +1,4 @@
-// Fuzzes the safetensors reader's validation (worker/checkpoint/safetensors_format.h) with
+// Fuzzes the safetensors reader's validation (common/safetensors_format.h) with
 // arbitrary bytes as a file. The LibTorch half (building tensors from a validated header,
 // worker/checkpoint/safetensors.h) stays out of the fuzz build; it only copies the ranges
 // checked here. Checks that a header accepted describes tensors that lie inside the data,
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/safetensors_format.h"
 #include "tests/fuzz/fuzz_util.h"
-#include "worker/checkpoint/safetensors_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainstep::ckpt;

@@ -269,6 +269,55 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(e.exception.job["state"], "FAILED")
         self.assertEqual(e.exception.exit_code, self.cluster.cli("job", "watch", job_id).returncode)
 
+    # Catches a client that cannot submit the model users come for, or that loses the config the
+    # workers read from the directory (the job records it; the CLI shows the same).
+    def test_llama_directory_fine_tunes_and_exports(self):
+        try:
+            import torch  # noqa: F401  (the reference writes the model directory)
+        except ImportError:
+            self.skipTest("writing a Llama directory needs torch in " + sys.executable)
+        model = os.path.join(self.tmp, "llama")
+        config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "vocab_size": 64, "tie_word_embeddings": True}
+        r = subprocess.run([sys.executable, os.path.join(process_cluster.SOURCE_DIR, "tests",
+                                                         "conformance", "llama_reference.py"),
+                            "make", model, "--seed", "1", "--dtype", "bfloat16",
+                            "--config", json.dumps(config)],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [json.dumps({"input_ids": [(i * 7 + j) % 64 for j in range(5 + i % 4)],
+                             "labels": [(i * 7 + j) % 64 for j in range(5 + i % 4)]})
+                 for i in range(16)]
+        data = self.write("llama.jsonl", "\n".join(lines) + "\n")
+        ckpt = os.path.join(self.tmp, "llama-ckpt")
+        job_id = self.client.submit({
+            "name": "py-llama",
+            "model": {"llama": {"path": model}},
+            "data": {"jsonl": {"path": data}},
+            "batch": {"micro_batch_size": 4, "accumulation_steps": 2},
+            "optimizer": {"adamw": {"lr": 0.001}},
+            "stop": {"max_updates": 2},
+            "checkpoint": {"dir": ckpt, "every_updates": 2},
+        })
+        self.cluster.start_worker(job_id)
+        records, final = watch_all(self.client, job_id, no_progress_timeout=120)
+        self.assertEqual(final["state"], "SUCCEEDED", self.cluster.logs())
+        self.assertEqual(len(records), 2)
+        self.assertEqual(final["model_config"]["hidden_size"], 32)
+        self.assertEqual(final["model_config"]["trainstep_source_dtype"], "bfloat16")
+        self.assertEqual(self.cli_json("job", "get", job_id, "-o", "json")["model_config"],
+                         final["model_config"])
+
+        out = os.path.join(self.tmp, "llama-out")
+        latest = max((d for d in os.listdir(ckpt) if d.startswith("ckpt-")),
+                     key=lambda d: int(d[len("ckpt-"):]))
+        r = self.cluster.cli("checkpoint", "export", os.path.join(ckpt, latest), "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "config.json")) as f:
+            self.assertEqual(json.load(f)["torch_dtype"], "bfloat16")
+        self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -108,10 +109,64 @@ absl::StatusOr<CheckpointMeta> ReadMeta(Env* env, const std::string& ckpt_path,
   return meta;
 }
 
+// A sharded checkpoint has the index instead of model.safetensors.
+bool IsSharded(Env* env, const std::string& ckpt_path) {
+  return !env->FileExists(JoinPath(ckpt_path, kModelFile)) &&
+         env->FileExists(JoinPath(ckpt_path, kHfIndexFile));
+}
+
+// The model's tensors: model.safetensors when it fits max_shard_bytes, else Hugging Face's
+// shards and index, split as transformers splits (PlanHfShards), in name order.
+absl::Status WriteModel(Env* env, const std::string& dir, const TensorMap& model,
+                        const Metadata& metadata, uint64_t max_shard_bytes) {
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const auto& [name, t] : model) {
+    sizes.push_back(t.defined() ? static_cast<uint64_t>(t.numel()) * t.element_size() : 0);
+    total += sizes.back();
+  }
+  if (total <= max_shard_bytes) {
+    return WriteSafetensorsFile(JoinPath(dir, kModelFile), model, metadata, env);
+  }
+  const std::vector<int> plan = PlanHfShards(sizes, max_shard_bytes);
+  const int count = plan.back() + 1;
+  std::vector<TensorMap> shards(count);
+  std::map<std::string, std::string> weight_map;
+  size_t i = 0;
+  for (const auto& [name, t] : model) {
+    shards[plan[i]].emplace(name, t);
+    weight_map.emplace(name, HfShardFileName(plan[i] + 1, count));
+    ++i;
+  }
+  for (int s = 0; s < count; ++s) {
+    RETURN_IF_ERROR(WriteSafetensorsFile(JoinPath(dir, HfShardFileName(s + 1, count)), shards[s],
+                                         metadata, env));
+  }
+  return WriteWholeFile(env, JoinPath(dir, kHfIndexFile), HfIndexJson(total, weight_map));
+}
+
+absl::StatusOr<TensorMap> ReadModel(Env* env, const std::string& ckpt_path) {
+  if (!IsSharded(env, ckpt_path)) {
+    return ReadSafetensorsFile(JoinPath(ckpt_path, kModelFile), nullptr, env);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<HfWeights> weights,
+                   HfWeights::OpenTensors(ckpt_path, AllowedRoots(), "checkpoint"));
+  TensorMap out;
+  for (const auto& [name, t] : weights->tensors()) {
+    ASSIGN_OR_RETURN(at::Tensor tensor, TensorFromSafetensors(name, t.dtype, t.shape, t.bytes));
+    out.emplace(name, std::move(tensor));
+  }
+  return out;
+}
+
 // Everything ReadCheckpoint checks, without building tensors.
 absl::Status CheckComplete(Env* env, const std::string& ckpt_path, int64_t id) {
   RETURN_IF_ERROR(ReadMeta(env, ckpt_path, id).status());
+  if (IsSharded(env, ckpt_path)) {
+    RETURN_IF_ERROR(HfWeights::OpenTensors(ckpt_path, AllowedRoots(), "checkpoint").status());
+  }
   for (const char* name : {kModelFile, kOptimizerFile}) {
+    if (name == kModelFile && IsSharded(env, ckpt_path)) continue;
     const std::string path = JoinPath(ckpt_path, name);
     ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
     if (absl::Status s = ValidateSafetensors(bytes); !s.ok()) {
@@ -250,7 +305,7 @@ std::string CheckpointDirName(int64_t checkpoint_id) {
 
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointMeta& meta,
                                             const TensorMap& model, const TensorMap& optimizer,
-                                            int keep_last, Env* env) {
+                                            int keep_last, Env* env, const WriteOptions& options) {
   if (meta.checkpoint_id < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint_id ", meta.checkpoint_id, " is negative"));
@@ -260,6 +315,14 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   }
   // Everything that can be rejected is rejected before the disk is touched.
   ASSIGN_OR_RETURN(const std::string meta_json, CheckpointMetaToJson(meta));
+  for (const auto& [name, contents] : options.extra_files) {
+    if (name.empty() || name[0] == '.' || absl::StrContains(name, '/') || name == kModelFile ||
+        name == kOptimizerFile || name == kMetaFile || name == kHfIndexFile ||
+        absl::StartsWith(name, "model-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extra checkpoint file name \"", name, "\" is not allowed"));
+    }
+  }
 
   const int64_t id = meta.checkpoint_id;
   const std::string final_path = JoinPath(dir, CheckpointDirName(id));
@@ -274,10 +337,13 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   const auto write_all = [&]() -> absl::Status {
     // "format": "pt" tells Hugging Face tools these are PyTorch tensors.
     const Metadata file_metadata = {{"format", "pt"}};
-    RETURN_IF_ERROR(WriteSafetensorsFile(JoinPath(tmp, kModelFile), model, file_metadata, env));
+    RETURN_IF_ERROR(WriteModel(env, tmp, model, file_metadata, options.max_shard_bytes));
     RETURN_IF_ERROR(
         WriteSafetensorsFile(JoinPath(tmp, kOptimizerFile), optimizer, file_metadata, env));
     RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, kMetaFile), meta_json));
+    for (const auto& [name, contents] : options.extra_files) {
+      RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, name), contents));
+    }
     RETURN_IF_ERROR(env->SyncDir(tmp));
     return Publish(env, dir, tmp, final_path, aside);
   };
@@ -302,7 +368,7 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, int64_t 
   LoadedCheckpoint out;
   out.path = JoinPath(dir, CheckpointDirName(checkpoint_id));
   ASSIGN_OR_RETURN(out.meta, ReadMeta(env, out.path, checkpoint_id));
-  ASSIGN_OR_RETURN(out.model, ReadSafetensorsFile(JoinPath(out.path, kModelFile), nullptr, env));
+  ASSIGN_OR_RETURN(out.model, ReadModel(env, out.path));
   ASSIGN_OR_RETURN(out.optimizer,
                    ReadSafetensorsFile(JoinPath(out.path, kOptimizerFile), nullptr, env));
   return out;

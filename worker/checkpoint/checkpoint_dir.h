@@ -15,12 +15,14 @@
 #define TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_DIR_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/env.h"
+#include "common/hf_weights.h"
 #include "worker/checkpoint/checkpoint_meta.h"
 #include "worker/checkpoint/safetensors.h"
 
@@ -40,19 +42,30 @@ inline constexpr char kClaimFile[] = ".trainstep-job";
 absl::Status ClaimCheckpointDir(const std::string& dir, const std::string& job_id,
                                 Env* env = Env::Default());
 
-// Writes dir/ckpt-<meta.checkpoint_id> as described above, creating `dir` if needed, and
-// returns its path, after claiming `dir` for meta.job_id (ClaimCheckpointDir's errors). An
-// existing checkpoint of the same id is replaced: the new one is renamed
-// in right after the old one is renamed aside (the only moment neither is visible), and the
-// old one is put back if that rename fails. Afterwards, best effort (failures are logged, the
-// write still succeeds): deletes the lowest-id ckpt-* of meta.job_id beyond `keep_last` (0 keeps
-// all; never the one just written; another job's are neither counted nor deleted) and dot-named
-// leftovers of lower ids (in a claimed directory, only this job's writers leave them).
-// INVALID_ARGUMENT for a negative id or keep_last, a non-finite loss_scale, or a tensor the
-// safetensors writer rejects.
+// Files a model keeps beside its weights (a Hugging Face config.json), by name: contents.
+using ExtraFiles = std::map<std::string, std::string>;
+
+struct WriteOptions {
+  ExtraFiles extra_files;
+  // Above this many bytes of model tensors, model.safetensors is written as Hugging Face's
+  // shards and index (model-00001-of-0000N.safetensors, model.safetensors.index.json).
+  uint64_t max_shard_bytes = kHfDefaultMaxShardBytes;
+};
+
+// Writes dir/ckpt-<meta.checkpoint_id> as described above, options.extra_files included, creating
+// `dir` if needed, and returns its path, after claiming `dir` for meta.job_id (ClaimCheckpointDir's
+// errors). An existing checkpoint of the same id is replaced: the new one is renamed in right after
+// the old one is renamed aside (the only moment neither is visible), and the old one is put back if
+// that rename fails. Afterwards, best effort (failures are logged, the write still succeeds):
+// deletes the lowest-id ckpt-* of meta.job_id beyond `keep_last` (0 keeps all; never the one just
+// written; another job's are neither counted nor deleted) and dot-named leftovers of lower ids (in
+// a claimed directory, only this job's writers leave them). INVALID_ARGUMENT for a negative id or
+// keep_last, a non-finite loss_scale, or a tensor the safetensors writer rejects, or an extra file
+// that is not a plain name or would replace one of the checkpoint's own files.
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointMeta& meta,
                                             const TensorMap& model, const TensorMap& optimizer,
-                                            int keep_last, Env* env = Env::Default());
+                                            int keep_last, Env* env = Env::Default(),
+                                            const WriteOptions& options = {});
 
 struct LoadedCheckpoint {
   CheckpointMeta meta;
@@ -62,7 +75,8 @@ struct LoadedCheckpoint {
 };
 
 // NOT_FOUND if the checkpoint does not exist; INVALID_ARGUMENT (naming the file) if a file is
-// malformed or meta.json's checkpoint_id is not `checkpoint_id`.
+// malformed or meta.json's checkpoint_id is not `checkpoint_id`. Sharded model weights are read
+// through their index (memory-mapped, outside `env`).
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, int64_t checkpoint_id,
                                                 Env* env = Env::Default());
 

@@ -11,8 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/safetensors_format.h"
 #include "common/status_macros.h"
-#include "worker/checkpoint/safetensors_format.h"
 
 namespace trainstep::ckpt {
 namespace {

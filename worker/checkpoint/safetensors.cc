@@ -14,8 +14,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace trainstep::ckpt {
@@ -26,8 +24,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 using internal::QuotedName;
 using internal::TensorError;
-
-constexpr char kMetadataKey[] = "__metadata__";
 
 // The safetensors dtypes as LibTorch scalar types.
 struct Dtype {
@@ -49,11 +45,11 @@ at::ScalarType ToScalarType(SafetensorsDtype dtype) {
   return at::kFloat;  // Unreachable: every enumerator is in the table.
 }
 
-const char* DtypeName(at::ScalarType type) {
+std::optional<SafetensorsDtype> ToSafetensorsDtype(at::ScalarType type) {
   for (const Dtype& d : kDtypes) {
-    if (type == d.type) return SafetensorsDtypeName(d.dtype);
+    if (type == d.type) return d.dtype;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::string LibTorchMessage(const std::exception& e) {
@@ -92,52 +88,23 @@ absl::StatusOr<at::Tensor> ToContiguousCpu(const std::string& name, const at::Te
 
 // Checks every tensor and builds the header without copying any tensor.
 absl::StatusOr<PreparedHeader> Prepare(const TensorMap& tensors, const Metadata& metadata) {
-  PreparedHeader out;
-  std::string header = "{";
-  if (!metadata.empty()) {
-    absl::StrAppend(&header, "\"", kMetadataKey, "\":{");
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!internal::IsValidUtf8(key) || !internal::IsValidUtf8(value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("metadata entry ", QuotedName(key), " is not valid UTF-8"));
-      }
-      absl::StrAppend(&header, first ? "" : ",", JsonQuote(key), ":", JsonQuote(value));
-      first = false;
-    }
-    header += "}";
-  }
-  uint64_t offset = 0;
+  std::vector<SafetensorsTensorInfo> infos;
+  infos.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {
-    if (name == kMetadataKey) return TensorError(name, "the name is reserved for metadata");
-    if (!internal::IsValidUtf8(name)) return TensorError(name, "the name is not valid UTF-8");
     if (!tensor.defined()) return TensorError(name, "undefined tensor");
     if (tensor.layout() != at::kStrided)
       return TensorError(name, "only dense tensors are supported");
-    const char* dtype = DtypeName(tensor.scalar_type());
-    if (dtype == nullptr) {
+    std::optional<SafetensorsDtype> dtype = ToSafetensorsDtype(tensor.scalar_type());
+    if (!dtype.has_value()) {
       return TensorError(
           name, absl::StrCat("dtype ", c10::toString(tensor.scalar_type()),
                              " is not supported (supported: ", SupportedSafetensorsDtypes(), ")"));
     }
-    const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"", dtype,
-                    "\",\"shape\":[", absl::StrJoin(tensor.sizes(), ","), "],\"data_offsets\":[",
-                    offset, ",", offset + nbytes, "]}");
-    offset += nbytes;
+    infos.push_back(
+        {name, *dtype, std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end())});
   }
-  out.data_bytes = offset;
-  header += "}";
-  // Pad so the data starts 8-byte aligned, as the reference writer does.
-  header.append((8 - header.size() % 8) % 8, ' ');
-  if (header.size() > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "header of ", header.size(), " bytes exceeds the limit of ", kMaxSafetensorsHeaderBytes));
-  }
-  uint64_t n = header.size();
-  out.prefix.resize(8);
-  for (int i = 0; i < 8; ++i) out.prefix[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out.prefix += header;
+  PreparedHeader out;
+  ASSIGN_OR_RETURN(out.prefix, SafetensorsFilePrefix(infos, metadata, &out.data_bytes));
   return out;
 }
 
@@ -159,20 +126,29 @@ absl::Status ForEachTensorBytes(const TensorMap& tensors, Sink sink) {
 absl::StatusOr<TensorMap> Materialize(const SafetensorsHeader& header) {
   TensorMap tensors;
   for (const SafetensorsEntry& e : header.entries) {
-    try {
-      at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(ToScalarType(e.dtype)));
-      if (e.end > e.begin) std::memcpy(t.data_ptr(), header.data.data() + e.begin, e.end - e.begin);
-      tensors.emplace(e.name, std::move(t));
-    } catch (const std::exception& ex) {
-      return absl::ResourceExhaustedError(absl::StrCat("tensor ", QuotedName(e.name),
-                                                       ": allocating ", e.end - e.begin,
-                                                       " bytes failed: ", LibTorchMessage(ex)));
-    }
+    ASSIGN_OR_RETURN(at::Tensor t,
+                     TensorFromSafetensors(e.name, e.dtype, e.shape,
+                                           header.data.substr(e.begin, e.end - e.begin)));
+    tensors.emplace(e.name, std::move(t));
   }
   return tensors;
 }
 
 }  // namespace
+
+absl::StatusOr<at::Tensor> TensorFromSafetensors(absl::string_view name, SafetensorsDtype dtype,
+                                                 const std::vector<int64_t>& shape,
+                                                 absl::string_view bytes) {
+  try {
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(ToScalarType(dtype)));
+    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  } catch (const std::exception& ex) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor ", QuotedName(name), ": allocating ",
+                                                     bytes.size(),
+                                                     " bytes failed: ", LibTorchMessage(ex)));
+  }
+}
 
 absl::StatusOr<std::string> SerializeSafetensors(const TensorMap& tensors,
                                                  const Metadata& metadata) {

@@ -9,12 +9,13 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/env.h"
-#include "worker/checkpoint/safetensors_format.h"
+#include "common/safetensors_format.h"
 
 namespace trainstep::ckpt {
 
@@ -31,6 +32,12 @@ absl::StatusOr<std::string> SerializeSafetensors(const TensorMap& tensors,
 // Malformed input is INVALID_ARGUMENT naming the tensor and the problem. `metadata`, if
 // non-null, receives "__metadata__" (empty if absent) and is only written on success.
 absl::StatusOr<TensorMap> ParseSafetensors(absl::string_view bytes, Metadata* metadata = nullptr);
+
+// One tensor of a validated file (ParseSafetensorsHeader): a CPU tensor owning a copy of
+// `bytes`. RESOURCE_EXHAUSTED naming it when the allocation fails.
+absl::StatusOr<at::Tensor> TensorFromSafetensors(absl::string_view name, SafetensorsDtype dtype,
+                                                 const std::vector<int64_t>& shape,
+                                                 absl::string_view bytes);
 
 // Writes `path` through `env` and fsyncs it (the caller syncs the directory). The file is
 // streamed tensor by tensor: no second copy of the data is built in memory.

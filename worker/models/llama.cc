@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -17,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "worker/models/activation_checkpoint.h"
+#include "worker/models/weights_load.h"
 
 namespace trainstep {
 namespace {
@@ -151,28 +156,38 @@ TORCH_MODULE(Body);
 // LlamaForCausalLM: the body and the output head (the embedding itself when tied, so the
 // parameter list, like the file, has no lm_head.weight).
 struct CausalLmImpl : torch::nn::Module {
-  explicit CausalLmImpl(const LlamaConfig& c) : config(c) {
+  CausalLmImpl(const LlamaConfig& c, bool checkpoint) : config(c), checkpoint(checkpoint) {
     model = register_module("model", Body(c));
     if (!c.tie_word_embeddings) {
       lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, false));
+    }
+    for (const auto& layer : *model->layers) {
+      DecoderLayer decoder(std::dynamic_pointer_cast<DecoderLayerImpl>(layer));
+      layer_fns.push_back([decoder](const std::vector<at::Tensor>& in) mutable {
+        return decoder->forward(in[0], Rotary{in[1], in[2]});
+      });
     }
   }
   at::Tensor forward(const at::Tensor& ids) {
     at::Tensor x = model->embed_tokens(ids);
     const Rotary rope = RotaryTables(ids.size(1), config.head_dim(), config.rope_theta, /*like=*/x);
-    for (const auto& layer : *model->layers) x = layer->as<DecoderLayerImpl>()->forward(x, rope);
+    for (const BlockFn& layer : layer_fns) x = RunBlock(layer, {x, rope.cos, rope.sin}, checkpoint);
     x = model->norm(x);
     return lm_head ? lm_head(x) : at::linear(x, model->embed_tokens->weight);
   }
   LlamaConfig config;
+  bool checkpoint;
   Body model{nullptr};
   torch::nn::Linear lm_head{nullptr};
+  std::vector<BlockFn> layer_fns;  // one per layer: a checkpoint's backward calls it again
 };
 TORCH_MODULE(CausalLm);
 
 class LlamaModel : public Model {
  public:
-  explicit LlamaModel(const LlamaConfig& config) : module_(config) {
+  LlamaModel(const LlamaConfig& config, LlamaInit init, bool checkpoint)
+      : module_(config, checkpoint) {
+    if (init == LlamaInit::kForLoading) return;
     torch::NoGradGuard no_grad;
     for (auto& item : module_->named_parameters()) {
       const std::string& name = item.key();
@@ -196,35 +211,57 @@ class LlamaModel : public Model {
   void SetTraining(bool training) override { module_->train(training); }
   void To(const at::Device& device) override { module_->to(device); }
   int64_t VocabSize() const override { return module_->config.vocab_size; }
+  // The weights are the fp32 master weights, whatever they were loaded from.
+  std::map<std::string, std::string> CheckpointFiles() const override {
+    return {{"config.json", LlamaConfigJson(module_->config, "float32")}};
+  }
+  const LlamaConfig& config() const { return module_->config; }
 
  private:
   CausalLm module_;
 };
 
-bool IsDType(ckpt::SafetensorsDtype d) {
-  return d == ckpt::SafetensorsDtype::kF32 || d == ckpt::SafetensorsDtype::kBF16 ||
-         d == ckpt::SafetensorsDtype::kF16;
-}
-
-at::ScalarType ScalarTypeOf(ckpt::SafetensorsDtype d) {
-  switch (d) {
-    case ckpt::SafetensorsDtype::kBF16:
-      return at::kBFloat16;
-    case ckpt::SafetensorsDtype::kF16:
-      return at::kHalf;
-    default:
-      return at::kFloat;
-  }
-}
-
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// What `checkpoint export` writes by default: the weights' own dtype when they share one,
+// else what config.json says, else float32.
+std::string WeightsDtype(const HfWeights& weights, const LlamaConfig& config) {
+  std::optional<ckpt::SafetensorsDtype> common;
+  bool mixed = false;
+  for (const auto& [name, t] : weights.tensors()) {
+    if (common.has_value() && *common != t.dtype) mixed = true;
+    common = t.dtype;
+  }
+  if (common.has_value() && !mixed) {
+    switch (*common) {
+      case ckpt::SafetensorsDtype::kBF16:
+        return "bfloat16";
+      case ckpt::SafetensorsDtype::kF16:
+        return "float16";
+      case ckpt::SafetensorsDtype::kF32:
+        return "float32";
+      default:
+        break;
+    }
+  }
+  if (config.torch_dtype == "bfloat16" || config.torch_dtype == "float16") {
+    return config.torch_dtype;
+  }
+  return "float32";
+}
+
 }  // namespace
 
-std::unique_ptr<Model> NewLlama(const LlamaConfig& config) {
-  return std::make_unique<LlamaModel>(config);
+std::unique_ptr<Model> NewLlama(const LlamaConfig& config, LlamaInit init,
+                                bool activation_checkpointing) {
+  return std::make_unique<LlamaModel>(config, init, activation_checkpointing);
+}
+
+const LlamaConfig* LlamaConfigOf(const Model& model) {
+  const auto* llama = dynamic_cast<const LlamaModel*>(&model);
+  return llama == nullptr ? nullptr : &llama->config();
 }
 
 absl::Status LoadLlamaWeights(const HfWeights& weights, absl::string_view field, Model& model) {
@@ -249,7 +286,7 @@ absl::Status LoadLlamaWeights(const HfWeights& weights, absl::string_view field,
           field, ": tensor '", name, "' in ", weights.dir(), "/", t.file, " has shape ",
           Shape(t.shape), ", but config.json makes it ", Shape(p.sizes().vec())));
     }
-    if (!IsDType(t.dtype)) {
+    if (!IsWeightDtype(t.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": tensor '", name, "' in ", weights.dir(), "/", t.file, " is ",
                        ckpt::SafetensorsDtypeName(t.dtype), "; weights must be F32, BF16 or F16"));
@@ -265,26 +302,15 @@ absl::Status LoadLlamaWeights(const HfWeights& weights, absl::string_view field,
         ", which a model of its config.json does not have",
         tied_head ? " (tie_word_embeddings is true: the output head is the embedding)" : ""));
   }
-  torch::NoGradGuard no_grad;
   for (const auto& [name, p] : params) {
-    const HfWeights::Tensor& t = tensors.at(name);
-    const at::ScalarType type = ScalarTypeOf(t.dtype);
-    const size_t element = ckpt::SafetensorsElementSize(t.dtype);
-    at::Tensor source;
-    if (reinterpret_cast<uintptr_t>(t.bytes.data()) % element == 0) {
-      source = at::from_blob(const_cast<char*>(t.bytes.data()), t.shape,
-                             at::TensorOptions().dtype(type));
-    } else {  // a file may pack a tensor at any byte offset; the kernels want alignment
-      source = at::empty(t.shape, at::TensorOptions().dtype(type));
-      std::memcpy(source.data_ptr(), t.bytes.data(), t.bytes.size());
-    }
     at::Tensor dst = p;
-    dst.copy_(source);
+    CopyWeight(tensors.at(name), dst);
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Model>> BuildLlama(const v1::Llama& spec,
+                                                  bool activation_checkpointing,
                                                   const AllowedRoots& roots) {
   std::vector<std::string> warnings;
   std::unique_ptr<Model> model;
@@ -293,7 +319,9 @@ absl::StatusOr<std::unique_ptr<Model>> BuildLlama(const v1::Llama& spec,
     ASSIGN_OR_RETURN(const LlamaConfig config,
                      ParseLlamaConfig(spec.config(), "model.llama.config", &warnings));
     for (const std::string& w : warnings) LogWarning(w);
-    model = NewLlama(config);
+    LlamaConfig fresh = config;
+    fresh.source_dtype = "float32";
+    model = NewLlama(fresh, LlamaInit::kRandom, activation_checkpointing);
     vocab_source = "model.llama.config";
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<HfWeights> weights,
@@ -306,7 +334,8 @@ absl::StatusOr<std::unique_ptr<Model>> BuildLlama(const v1::Llama& spec,
                           absl::StrCat("model.llama.path: ", config.status().message()));
     }
     for (const std::string& w : warnings) LogWarning(w);
-    model = NewLlama(*config);
+    config->source_dtype = WeightsDtype(*weights, *config);
+    model = NewLlama(*config, LlamaInit::kForLoading, activation_checkpointing);
     RETURN_IF_ERROR(LoadLlamaWeights(*weights, "model.llama.path", *model));
     LogInfo(absl::StrCat("loaded ", weights->tensors().size(), " tensors (",
                          weights->total_bytes() >> 20, " MiB) from ", weights->dir()));

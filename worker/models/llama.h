@@ -8,16 +8,30 @@
 
 #include "absl/status/statusor.h"
 #include "common/allowed_roots.h"
+#include "common/hf_weights.h"
 #include "common/llama_config.h"
 #include "trainstep/v1/spec.pb.h"
-#include "worker/models/hf_weights.h"
 #include "worker/models/model.h"
 
 namespace trainstep {
 
-// The module with Hugging Face's initialisation (normal(0, 0.02) matrices, zero biases, unit
-// norms), drawn from LibTorch's current generator: the caller seeds it.
-std::unique_ptr<Model> NewLlama(const LlamaConfig& config);
+// How a new module's parameters start.
+enum class LlamaInit {
+  // Hugging Face's initialisation (normal(0, 0.02) matrices, zero biases, unit norms), drawn
+  // from LibTorch's current generator: the caller seeds it.
+  kRandom,
+  // As LibTorch's layers make them: LoadLlamaWeights overwrites every parameter, so drawing
+  // Hugging Face's normals first would only cost time.
+  kForLoading,
+};
+
+// The module. Its checkpoints carry config.json with `config.source_dtype`. With
+// `activation_checkpointing`, each decoder layer is recomputed in backward.
+std::unique_ptr<Model> NewLlama(const LlamaConfig& config, LlamaInit init = LlamaInit::kRandom,
+                                bool activation_checkpointing = false);
+
+// The config a model made by NewLlama was built from; nullptr for another kind of model.
+const LlamaConfig* LlamaConfigOf(const Model& model);
 
 // Copies `weights` into `model` (built by NewLlama from the same config). Every tensor is
 // checked before any is copied: each parameter present with its shape, in F32, BF16 or F16
@@ -26,10 +40,13 @@ std::unique_ptr<Model> NewLlama(const LlamaConfig& config);
 // file and both shapes, prefixed by `field`.
 absl::Status LoadLlamaWeights(const HfWeights& weights, absl::string_view field, Model& model);
 
-// model.llama of a resolved spec: path's config and weights (files checked against `roots`),
-// or the inline config freshly initialised. A spec's vocab_size that disagrees with the
+// model.llama of a resolved spec: path's config and weights (files checked against `roots`;
+// the config's source_dtype is the weights' dtype), or the inline config freshly initialised
+// (source_dtype float32). A spec's vocab_size that disagrees with the
 // config's is an error naming both.
-absl::StatusOr<std::unique_ptr<Model>> BuildLlama(const v1::Llama& spec, const AllowedRoots& roots);
+absl::StatusOr<std::unique_ptr<Model>> BuildLlama(const v1::Llama& spec,
+                                                  bool activation_checkpointing,
+                                                  const AllowedRoots& roots);
 
 }  // namespace trainstep
 

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,6 +33,9 @@ class Model {
   virtual void To(const at::Device& device) = 0;
   // Token models: the ids they accept, 0..VocabSize()-1 (V). Regression models: 0.
   virtual int64_t VocabSize() const = 0;
+  // Files written into every checkpoint beside the weights, by name (model.llama's
+  // config.json, so that a checkpoint is a Hugging Face model directory). None by default.
+  virtual std::map<std::string, std::string> CheckpointFiles() const { return {}; }
 };
 
 // Builds the spec's model: built-ins from the seed (identical on every rank), TorchScript

@@ -15,8 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
+#include "worker/models/activation_checkpoint.h"
 #include "worker/models/llama.h"
 #include "worker/models/model.h"
+#include "worker/models/weights_load.h"
 #include "worker/torch_status.h"
 
 namespace trainstep {
@@ -70,11 +72,17 @@ TORCH_MODULE(Block);
 
 // A decoder-only transformer over token ids 0..vocab-1 (256 by default: bytes).
 struct TinyGptImpl : torch::nn::Module {
-  TinyGptImpl(const v1::TinyGpt& s, int64_t vocab) : seq_len(s.seq_len()) {
+  TinyGptImpl(const v1::TinyGpt& s, int64_t vocab, bool checkpoint)
+      : seq_len(s.seq_len()), checkpoint(checkpoint) {
     tok_emb = register_module("tok_emb", torch::nn::Embedding(vocab, s.d_model()));
     pos_emb = register_module("pos_emb", torch::nn::Embedding(s.seq_len(), s.d_model()));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int i = 0; i < s.n_layer(); ++i) blocks->push_back(Block(s.d_model(), s.n_head()));
+    for (int i = 0; i < s.n_layer(); ++i) {
+      Block block(s.d_model(), s.n_head());
+      blocks->push_back(block);
+      block_fns.push_back(
+          [block](const std::vector<at::Tensor>& in) mutable { return block->forward(in[0]); });
+    }
     ln_f =
         register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.d_model()})));
     head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(s.d_model(), vocab)));
@@ -83,10 +91,12 @@ struct TinyGptImpl : torch::nn::Module {
     const int64_t t = ids.size(1);
     at::Tensor pos = at::arange(t, at::TensorOptions().dtype(at::kLong).device(ids.device()));
     at::Tensor x = tok_emb(ids) + pos_emb(pos).unsqueeze(0);
-    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
+    for (const BlockFn& block : block_fns) x = RunBlock(block, {x}, checkpoint);
     return head(ln_f(x));
   }
   int64_t seq_len;
+  bool checkpoint;
+  std::vector<BlockFn> block_fns;  // one per block: a checkpoint's backward calls it again
   torch::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
@@ -229,15 +239,17 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModel(const v1::JobSpec& resolved,
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved,
-                                                         const AllowedRoots& roots) {
+// The model of the spec's kind, with its own initial weights.
+absl::StatusOr<std::unique_ptr<Model>> BuildKind(const v1::JobSpec& resolved,
+                                                 const AllowedRoots& roots) {
   const v1::Model& m = resolved.model();
   // Same seed, same initial weights on every rank (and in the tests' reference loop).
   torch::manual_seed(resolved.seed());
   switch (m.kind_case()) {
     case v1::Model::kTinyGpt: {
       const int64_t vocab = ModelVocabSize(resolved);
-      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(TinyGpt(m.tiny_gpt(), vocab), vocab));
+      return std::unique_ptr<Model>(new NativeModel<TinyGpt>(
+          TinyGpt(m.tiny_gpt(), vocab, m.activation_checkpointing()), vocab));
     }
     case v1::Model::kMlp:
       return std::unique_ptr<Model>(new NativeModel<Mlp>(Mlp(m.mlp()), 0));
@@ -260,11 +272,20 @@ absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& reso
       return std::unique_ptr<Model>(new TorchScriptModel(std::move(module), vocab));
     }
     case v1::Model::kLlama:
-      return BuildLlama(m.llama(), roots);
+      return BuildLlama(m.llama(), m.activation_checkpointing(), roots);
     case v1::Model::KIND_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError("model is required: one of tiny_gpt, mlp, torchscript, llama");
+}
+
+absl::StatusOr<std::unique_ptr<Model>> BuildModelOrThrow(const v1::JobSpec& resolved,
+                                                         const AllowedRoots& roots) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, BuildKind(resolved, roots));
+  if (!resolved.model().init_from().empty()) {
+    RETURN_IF_ERROR(InitFromCheckpoint(resolved.model().init_from(), roots, *model));
+  }
+  return model;
 }
 
 }  // namespace

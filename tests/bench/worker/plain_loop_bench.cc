@@ -1,5 +1,5 @@
 // Baseline (a) of the worker benchmark: a plain single-process LibTorch training loop over
-// exactly the windows trainstep trains — the same resolved spec, the same tiny_gpt
+// exactly the windows trainstep trains — the same resolved spec, the same tiny_gpt or llama
 // (BuildModel), the same micro-batches (WindowPlanner + Collate, every rank's share in
 // turn), forward / backward(Σ CE / N) / AdamW step, and nothing else: no coordinator, no
 // collective, no unscale or norm. It takes the worker's malloc settings (malloc_config.h)
@@ -92,11 +92,21 @@ int Run(int argc, char** argv) {
     std::cerr << spec.status() << "\n";
     return 2;
   }
-  if (!spec->model().has_tiny_gpt() || !spec->optimizer().has_adamw() ||
-      spec->precision() == v1::JobSpec::fp16) {
-    std::cerr << "plain_loop_bench runs tiny_gpt with AdamW in fp32 or bf16 only\n";
+  if (!(spec->model().has_tiny_gpt() || spec->model().has_llama()) ||
+      !spec->optimizer().has_adamw() || spec->precision() == v1::JobSpec::fp16) {
+    std::cerr << "plain_loop_bench runs tiny_gpt or llama with AdamW in fp32 or bf16 only\n";
     return 2;
   }
+  // The model first, as the worker builds it: llama's vocabulary comes from its config.json,
+  // and the data's ids are checked against it.
+  const auto build_start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Model>> model = BuildModel(*spec);
+  if (!model.ok()) {
+    std::cerr << model.status() << "\n";
+    return 2;
+  }
+  const double build_seconds = Seconds(std::chrono::steady_clock::now() - build_start);
+  RecordModelVocabulary(**model, *spec);
   absl::StatusOr<data::Dataset> dataset = data::Dataset::Load(*spec);
   if (!dataset.ok()) {
     std::cerr << dataset.status() << "\n";
@@ -108,11 +118,6 @@ int Run(int argc, char** argv) {
   if (windows <= 0) windows = spec->stop().max_updates();
   if (windows <= 0) windows = planner.windows_per_epoch();
 
-  absl::StatusOr<std::unique_ptr<Model>> model = BuildModel(*spec);
-  if (!model.ok()) {
-    std::cerr << model.status() << "\n";
-    return 2;
-  }
   (*model)->SetTraining(true);
   std::vector<at::Tensor> params;
   for (auto& [name, p] : (*model)->NamedParameters()) params.push_back(p);
@@ -129,9 +134,9 @@ int Run(int argc, char** argv) {
   std::ostream& out = out_path.empty() ? std::cout : file;
   std::cerr << absl::StrFormat(
       "plain_loop_bench: %d windows of %d micro-batches x %d samples, %s, torch threads %d "
-      "(default here %d), malloc %s; %s\n",
+      "(default here %d), malloc %s, model built in %.2f s; %s\n",
       windows, world * spec->batch().accumulation_steps(), spec->batch().micro_batch_size(),
-      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads, malloc_mode,
+      bf16 ? "bf16" : "fp32", at::get_num_threads(), default_threads, malloc_mode, build_seconds,
       DescribeHost(*host));
 
   for (int64_t w = 1; w <= windows; ++w) {

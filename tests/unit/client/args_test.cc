@@ -56,6 +56,34 @@ TEST(ArgsTest, EveryCommandParses) {
   EXPECT_EQ(MustRun({"worker", "list", "--job=job-3"}).job_id, "job-3");
 }
 
+// Catches the export's operand or flags dropped or swapped, sizes read in the wrong unit, and
+// a default that is not "the source dtype, 5GB".
+TEST(ArgsTest, CheckpointExportParses) {
+  Invocation i = MustRun({"checkpoint", "export", "/ck/ckpt-3", "--out", "/hf/model"});
+  EXPECT_EQ(i.command, Command::kCheckpointExport);
+  EXPECT_EQ(i.export_options.checkpoint_dir, "/ck/ckpt-3");
+  EXPECT_EQ(i.export_options.out_dir, "/hf/model");
+  EXPECT_EQ(i.export_options.dtype, "");  // the checkpoint's source dtype
+  EXPECT_EQ(i.export_options.max_shard_bytes, 5'000'000'000u);
+  EXPECT_FALSE(NeedsCoordinator(i.command));
+  EXPECT_TRUE(NeedsCoordinator(Command::kJobList));
+
+  i = MustRun(
+      {"checkpoint", "--dtype=bfloat16", "export", "--max-shard-size", "2GiB", "c", "--out=o"});
+  EXPECT_EQ(i.export_options.checkpoint_dir, "c");
+  EXPECT_EQ(i.export_options.out_dir, "o");
+  EXPECT_EQ(i.export_options.dtype, "bfloat16");
+  EXPECT_EQ(i.export_options.max_shard_bytes, uint64_t{2} << 30);
+  for (const char* dtype : {"float32", "float16"}) {
+    EXPECT_EQ(
+        MustRun({"checkpoint", "export", "c", "--out", "o", "--dtype", dtype}).export_options.dtype,
+        dtype);
+  }
+  EXPECT_EQ(MustRun({"checkpoint", "export", "c", "--out", "o", "--max-shard-size", "500MB"})
+                .export_options.max_shard_bytes,
+            500'000'000u);
+}
+
 // Catches: global flags accepted only before the command words, or only in one spelling.
 TEST(ArgsTest, GlobalFlagsAnywhere) {
   const std::vector<std::vector<std::string>> lines = {
@@ -133,6 +161,28 @@ TEST(ArgsTest, BadUsageNamesTheProblem) {
       {{"job", "list", "--job", "j"}, "--job is not a flag of 'job list'"},
       {{"job", "submit", "s.json", "--watch=yes"}, "--watch takes no value"},
       {{"job", "get", "j", "--coordinator="}, "--coordinator must not be empty"},
+      {{"checkpoint"}, "missing verb"},
+      {{"checkpoint", "import", "c"}, "unknown verb \"import\""},
+      {{"checkpoint", "export"}, "needs CKPT_DIR"},
+      {{"checkpoint", "export", "c"}, "checkpoint export needs --out DIR"},
+      {{"checkpoint", "export", "c", "--out="}, "checkpoint export needs --out DIR"},
+      {{"checkpoint", "export", "c", "d", "--out", "o"}, "unexpected argument \"d\""},
+      {{"checkpoint", "export", "c", "--out", "o", "--dtype", "bf16"},
+       "--dtype must be float32, bfloat16 or float16, got \"bf16\""},
+      {{"checkpoint", "export", "c", "--out", "o", "--max-shard-size", "0"}, "--max-shard-size"},
+      {{"checkpoint", "export", "c", "--out", "o", "--max-shard-size", "-5GB"},
+       "--max-shard-size must be positive"},
+      {{"checkpoint", "export", "c", "--out", "o", "--max-shard-size", "lots"}, "\"lots\""},
+      {{"checkpoint", "export", "c", "--out", "o", "--max-shard-size", "99999999999GiB"},
+       "--max-shard-size too large"},
+      {{"checkpoint", "export", "c", "--out", "o", "--max-shard-size"},
+       "--max-shard-size needs a value"},
+      {{"checkpoint", "export", "c", "--out", "o", "--watch"},
+       "--watch is not a flag of 'checkpoint export'"},
+      {{"job", "list", "--dtype", "float16"}, "--dtype is not a flag of 'job list'"},
+      {{"job", "get", "j", "--max-shard-size", "1GB"},
+       "--max-shard-size is not a flag of 'job get'"},
+      {{"worker", "list", "--out", "x"}, "--out is not a flag of 'worker list'"},
   };
   for (const auto& [args, want] : cases) {
     const ParsedArgs p = Parse(args);
@@ -187,6 +237,24 @@ TEST(ArgsTest, HelpAtEveryLevel) {
   ASSERT_EQ(p.kind, Kind::kHelp);
   EXPECT_NE(p.text.find("trainstep job get"), std::string::npos);
   EXPECT_EQ(Parse({"nope", "-h"}).kind, Kind::kHelp);
+
+  p = Parse({"--help"});
+  EXPECT_NE(p.text.find("checkpoint export CKPT_DIR"), std::string::npos) << p.text;
+  p = Parse({"checkpoint", "--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  EXPECT_NE(p.text.find("trainstep checkpoint <verb>"), std::string::npos) << p.text;
+  EXPECT_NE(p.text.find("export CKPT_DIR"), std::string::npos) << p.text;
+  EXPECT_EQ(p.text.find("--coordinator"), std::string::npos) << p.text;
+  p = Parse({"checkpoint", "export", "--help"});
+  ASSERT_EQ(p.kind, Kind::kHelp);
+  for (const char* want :
+       {"trainstep checkpoint export CKPT_DIR --out DIR", "--dtype DTYPE", "--max-shard-size SIZE",
+        "default", "5GB", "trainstep_source_dtype", "model.safetensors.index.json",
+        "model-00001-of-0000N.safetensors", "DIR.tmp-<pid>"}) {
+    EXPECT_NE(p.text.find(want), std::string::npos) << want << " in:\n" << p.text;
+  }
+  // It never contacts the coordinator: the coordinator's flags are not offered.
+  EXPECT_EQ(p.text.find("--coordinator"), std::string::npos) << p.text;
 }
 
 struct CliResult {

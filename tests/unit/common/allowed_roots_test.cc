@@ -104,6 +104,12 @@ TEST_F(AllowedRootsTest, CheckSpecPathsCoversEveryPathField) {
   s.mutable_model()->mutable_torchscript()->set_path("/tmp/evil.pt");
   expect_refused(s, "model.torchscript.path");
   s = ok;
+  s.mutable_model()->mutable_llama()->set_path(P("outside/model"));
+  expect_refused(s, "model.llama.path");
+  s = ok;
+  s.mutable_model()->set_init_from(P("outside/ckpt-3"));
+  expect_refused(s, "model.init_from");
+  s = ok;
   s.mutable_checkpoint()->set_dir(P("outside"));
   expect_refused(s, "checkpoint.dir");
   // The held-out data was loaded with no roots at all.

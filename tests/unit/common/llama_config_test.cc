@@ -102,6 +102,20 @@ std::string ErrorOf(const pb::Struct& config) {
   return std::string(parsed.status().message());
 }
 
+// Catches: a checkpoint's config.json whose source dtype is lost or misread, so that
+// `checkpoint export` would write another dtype than the model came in.
+TEST(ParseLlamaConfigTest, SourceDtypeReadAndChecked) {
+  const auto c =
+      ParseLlamaConfig(SmolWith("trainstep_source_dtype", R"("float16")"), kWhere, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->source_dtype, "float16");
+  EXPECT_EQ(ParseLlamaConfig(ParseStruct(kSmolLm135M), kWhere, nullptr)->source_dtype, "");
+  EXPECT_TRUE(absl::StrContains(ErrorOf(SmolWith("trainstep_source_dtype", R"("int8")")),
+                                "trainstep_source_dtype must be float32, bfloat16 or float16"));
+  EXPECT_TRUE(absl::StrContains(ErrorOf(SmolWith("trainstep_source_dtype", "3")),
+                                "trainstep_source_dtype"));
+}
+
 // Catches: a key misread or a real small model refused (e.g. rope_scaling null or
 // pretraining_tp 1 treated as unsupported, informational keys warned about).
 TEST(ParseLlamaConfigTest, SmolLm135MParses) {
@@ -494,7 +508,8 @@ TEST(LlamaConfigJsonTest, RoundTrips) {
   for (const pb::Struct& s :
        {ParseStruct(kSmolLm135M), ParseStruct(kQwen2), SmolWith("attention_bias", "true"),
         SmolWith("model_type", R"("mistral")"), SmolWith("model_type", R"("other")"),
-        SmolWithout("torch_dtype"), SmolWith("rms_norm_eps", "1.0000000000000002e-06")}) {
+        SmolWithout("torch_dtype"), SmolWith("rms_norm_eps", "1.0000000000000002e-06"),
+        SmolWith("trainstep_source_dtype", R"("bfloat16")")}) {
     const auto c = ParseLlamaConfig(s, kWhere, nullptr);
     ASSERT_TRUE(c.ok()) << c.status();
     configs.push_back(*c);

@@ -42,7 +42,8 @@ constexpr char kBriefExample[] = R"({"name":"demo","seed":1,
 // Every field of every message given explicitly (the other oneof members are below).
 constexpr char kFull[] = R"({
   "name": "full", "seed": "18446744073709551615",
-  "model": {"torchscript": {"path": "/models/lm.pt", "vocab_size": 512}},
+  "model": {"torchscript": {"path": "/models/lm.pt", "vocab_size": 512},
+            "activation_checkpointing": false},
   "data": {"jsonl": {"path": "/data/train.jsonl"}, "shuffle": false},
   "batch": {"micro_batch_size": 16, "accumulation_steps": 8, "tail": "drop"},
   "precision": "fp16",
@@ -337,6 +338,27 @@ TEST(SpecTest, LlamaPathOrInlineConfig) {
   EXPECT_THAT(ErrorOf(R"({"model":{"llama":{"path":"/m","vocab_size":1}},)"
                       R"("data":{"jsonl":{"path":"/d"}}})"),
               HasSubstr("model.llama.vocab_size"));
+}
+
+// Catches activation checkpointing accepted for a model that has no blocks to recompute (it
+// would silently do nothing), or model.init_from lost in resolution.
+TEST(SpecTest, ActivationCheckpointingAndInitFrom) {
+  const v1::JobSpec plain =
+      Resolve(R"({"model":{"llama":{"path":"/m"}},"data":{"jsonl":{"path":"/d"}}})");
+  EXPECT_TRUE(plain.model().has_activation_checkpointing());
+  EXPECT_FALSE(plain.model().activation_checkpointing());
+  const v1::JobSpec both =
+      Resolve(R"({"model":{"llama":{"path":"/m"},"activation_checkpointing":true,)"
+              R"("init_from":"/ckpt/ckpt-4"},"data":{"jsonl":{"path":"/d"}}})");
+  EXPECT_TRUE(both.model().activation_checkpointing());
+  EXPECT_EQ(both.model().init_from(), "/ckpt/ckpt-4");
+  EXPECT_EQ(ErrorOf(R"({"model":{"tiny_gpt":{},"activation_checkpointing":true},)"
+                    R"("data":{"text":{"paths":["/c"]}}})"),
+            "OK");
+  EXPECT_THAT(ErrorOf(R"({"model":{"mlp":{},"activation_checkpointing":true},)"
+                      R"("data":{"synthetic_regression":{}}})"),
+              HasSubstr("model.activation_checkpointing is for the built-in transformers "
+                        "(tiny_gpt, llama), got model.mlp"));
 }
 
 // The tiny_gpt context and the text sample length follow each other when only one is given.

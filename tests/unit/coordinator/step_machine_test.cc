@@ -242,6 +242,44 @@ TEST(StepMachineTest, DatasetMismatchRefused) {
   EXPECT_EQ(sim.state(), v1::RUNNING);
 }
 
+// Catches: the config a llama job's workers built their model from not kept in the job (so
+// `job get` cannot show it, or it is gone after a coordinator restart), or a worker that read a
+// different config.json accepted into the job.
+TEST(StepMachineTest, ModelConfigRecordedOnceAndEnforced) {
+  SimulatedRanks sim(ResolvedSpec({}));
+  const std::string a = sim.AddWorker();
+  const std::string b = sim.AddWorker();
+  v1::DatasetInfo with_config = sim.dataset();
+  (*with_config.mutable_model_config()->mutable_fields())["hidden_size"].set_number_value(576);
+  EXPECT_EQ(sim.job().model_config().fields_size(), 0);
+  ASSERT_TRUE(sim.Heartbeat(a, with_config).ok());
+  EXPECT_EQ(sim.job().model_config().fields().at("hidden_size").number_value(), 576);
+
+  v1::DatasetInfo other = with_config;
+  (*other.mutable_model_config()->mutable_fields())["hidden_size"].set_number_value(960);
+  absl::StatusOr<v1::HeartbeatResponse> hb = sim.Heartbeat(b, other);
+  EXPECT_EQ(CodeOf(hb), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(MessageOf(hb), HasSubstr("model_config"));
+  // Without a config at all (an older worker, or another model) is a different model too.
+  EXPECT_EQ(CodeOf(sim.Heartbeat(b)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sim.job().model_config().fields().at("hidden_size").number_value(), 576);
+
+  // A hostile report cannot grow the job without bound.
+  v1::DatasetInfo huge = with_config;
+  (*huge.mutable_model_config()->mutable_fields())["x"].set_string_value(std::string(70000, 'x'));
+  EXPECT_EQ(CodeOf(sim.Heartbeat(b, huge)), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(sim.Heartbeat(b, with_config).ok());
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+
+  JobRegistry replayed{MachineOptions{}};
+  for (const v1::JournalRecord& r : sim.records()) ASSERT_TRUE(replayed.Apply(r).ok());
+  EXPECT_EQ((*replayed.Machine(sim.job_id()))->Job().model_config().DebugString(),
+            sim.job().model_config().DebugString());
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  EXPECT_EQ(sim.job().model_config().fields().at("hidden_size").number_value(), 576);
+}
+
 // ---------------------------------------------------------------------------------------
 // The begin barrier
 

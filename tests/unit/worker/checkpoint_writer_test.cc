@@ -56,7 +56,8 @@ TEST_F(CheckpointWriterTest, WritesTheValuesOfSubmitAndAcknowledgesInOrder) {
   HostCopy::Tensors model = {{"w", torch::full({3, 3}, 1.0f)}};
   HostCopy::Tensors optim = {{"w.exp_avg", torch::full({3, 3}, 0.5f)},
                              {"w.step", torch::scalar_tensor(1, torch::kLong)}};
-  CheckpointWriter writer(dir_, /*keep_last=*/0, Recorder());
+  // The model's own file (a Hugging Face config.json) goes into every checkpoint.
+  CheckpointWriter writer(dir_, /*keep_last=*/0, {{"config.json", "{}\n"}}, Recorder());
   ASSERT_TRUE(writer.Submit(Meta(1), model, optim).ok());
   writer.BeforeParametersChange();
   model["w"].add_(1);  // update 2, while checkpoint 1 may still be in flight
@@ -68,6 +69,7 @@ TEST_F(CheckpointWriterTest, WritesTheValuesOfSubmitAndAcknowledgesInOrder) {
     absl::StatusOr<ckpt::LoadedCheckpoint> c = ckpt::ReadCheckpoint(dir_, id);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->meta.optimizer_update_id, 10 * id);
+    EXPECT_TRUE(std::filesystem::exists(c->path + "/config.json"));
     EXPECT_TRUE(at::equal(c->model.at("w"), torch::full({3, 3}, static_cast<float>(id))));
     EXPECT_TRUE(at::equal(c->optimizer.at("w.exp_avg"),
                           torch::full({3, 3}, static_cast<float>(id) - 0.5f)));
@@ -82,7 +84,7 @@ TEST_F(CheckpointWriterTest, AFailedWriteIsReturnedOnceAndStopsTheNext) {
   std::FILE* f = std::fopen(file.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fclose(f);
-  CheckpointWriter writer(file, 0, Recorder());
+  CheckpointWriter writer(file, 0, {}, Recorder());
   HostCopy::Tensors model = {{"w", torch::ones({2})}};
   ASSERT_TRUE(writer.Submit(Meta(1), model, {}).ok());
   absl::Status next = writer.Submit(Meta(2), model, {});
@@ -96,7 +98,7 @@ TEST_F(CheckpointWriterTest, AFailedWriteIsReturnedOnceAndStopsTheNext) {
 // Catches: an acknowledgement that fails (coordinator unreachable) treated as success.
 TEST_F(CheckpointWriterTest, AFailedAcknowledgementIsAnError) {
   ack_status_ = absl::UnavailableError("coordinator gone");
-  CheckpointWriter writer(dir_, 0, Recorder());
+  CheckpointWriter writer(dir_, 0, {}, Recorder());
   ASSERT_TRUE(writer.Submit(Meta(3), {{"w", torch::ones({2})}}, {}).ok());
   absl::Status s = writer.Flush();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);

@@ -109,6 +109,59 @@ TEST_F(CheckpointDirTest, WriteReadRoundTrip) {
   ExpectSame(loaded->optimizer, Optimizer(1.5f));
 }
 
+// Catches a model's own files (a Hugging Face config.json) missing from its checkpoints, or an
+// extra file that could replace the checkpoint's tensors or escape its directory.
+TEST_F(CheckpointDirTest, ExtraFilesAreWrittenBesideTheTensors) {
+  WriteOptions options;
+  options.extra_files = {{"config.json", "{\"hidden_size\": 8}\n"}};
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, MetaFor(4), Model(1.0f), Optimizer(1.0f), 0, Env::Default(), options);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_THAT(Entries(*path), UnorderedElementsAre("model.safetensors", "optimizer.safetensors",
+                                                   "meta.json", "config.json"));
+  EXPECT_EQ(ReadText(*path + "/config.json"), "{\"hidden_size\": 8}\n");
+  ASSERT_TRUE(ReadCheckpoint(dir_, 4).ok());
+
+  for (const std::string bad : {"model.safetensors", "meta.json", "model.safetensors.index.json",
+                                "model-00001-of-00002.safetensors", "../x", "a/b", ".hidden", ""}) {
+    WriteOptions refused_options;
+    refused_options.extra_files = {{bad, "x"}};
+    absl::StatusOr<std::string> refused = WriteCheckpoint(
+        dir_, MetaFor(5), Model(1.0f), Optimizer(1.0f), 0, Env::Default(), refused_options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_THAT(Entries(dir_), ElementsAre("ckpt-4"));
+}
+
+// Catches a large model's checkpoint written as one file that the ecosystem's tools refuse to
+// load in one piece, shards that do not read back as the same tensors, or a checkpoint missing a
+// shard taken for complete.
+TEST_F(CheckpointDirTest, ModelAboveTheShardSizeIsShardedWithAnIndex) {
+  WriteOptions options;
+  options.max_shard_bytes = 30;  // emb (8 bytes) + layer.bias (16) | layer.weight (48)
+  absl::StatusOr<std::string> path =
+      WriteCheckpoint(dir_, MetaFor(6), Model(2.5f), Optimizer(2.5f), 0, Env::Default(), options);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_THAT(
+      Entries(*path),
+      UnorderedElementsAre("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json", "optimizer.safetensors", "meta.json"));
+  const std::string index = ReadText(*path + "/model.safetensors.index.json");
+  EXPECT_THAT(index, HasSubstr("\"total_size\": 72"));
+  EXPECT_THAT(index, HasSubstr("\"emb\": \"model-00001-of-00002.safetensors\""));
+  EXPECT_THAT(index, HasSubstr("\"layer.weight\": \"model-00002-of-00002.safetensors\""));
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 6);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSame(loaded->model, Model(2.5f));
+  ExpectSame(loaded->optimizer, Optimizer(2.5f));
+  EXPECT_EQ(LatestCheckpoint(dir_).value(), std::optional<int64_t>(6));
+
+  Write(3, 1.0f);  // unsharded, older
+  fs::remove(*path + "/model-00002-of-00002.safetensors");
+  EXPECT_EQ(LatestCheckpoint(dir_).value(), std::optional<int64_t>(3));
+  EXPECT_FALSE(ReadCheckpoint(dir_, 6).ok());
+}
+
 // Catches meta.json that is not plain, readable JSON or misses a field.
 TEST_F(CheckpointDirTest, MetaJsonIsReadablePrettyJsonWithAllFields) {
   const std::string text = ReadText(Write(3, 1.5f) + "/meta.json");

@@ -1,5 +1,5 @@
 // The Torch-free safetensors checks: hostile headers are refused, naming the tensor and problem.
-#include "worker/checkpoint/safetensors_format.h"
+#include "common/safetensors_format.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -173,6 +173,40 @@ TEST(SafetensorsTest, ParseJsonObjectBoundsNestingAndNamesTheFile) {
   absl::StatusOr<google::protobuf::Struct> broken = internal::ParseJsonObject("{", 1, "header");
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(broken.status().message(), HasSubstr("header is not valid JSON: "));
+}
+
+// Catches a writer whose files the reader (and so the reference implementation's rules) refuses:
+// wrong offsets, unpadded header, a lost dtype or shape, metadata dropped.
+TEST(SafetensorsFilePrefixTest, WrittenHeaderParsesBack) {
+  const std::vector<SafetensorsTensorInfo> tensors = {
+      {"a", SafetensorsDtype::kBF16, {2, 3}},
+      {"b", SafetensorsDtype::kF32, {}},
+      {"c", SafetensorsDtype::kI64, {0, 4}},
+  };
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> prefix =
+      SafetensorsFilePrefix(tensors, {{"format", "pt"}}, &data_bytes);
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  EXPECT_EQ(data_bytes, 2 * 3 * 2 + 4u);
+  EXPECT_EQ(prefix->size() % 8, 0u);
+  const std::string file = *prefix + std::string(data_bytes, '\x01');
+  absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(file);
+  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_EQ(header->entries.size(), 3u);
+  EXPECT_EQ(header->entries[0].dtype, SafetensorsDtype::kBF16);
+  EXPECT_EQ(header->entries[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(header->entries[0].end - header->entries[0].begin, 12u);
+  EXPECT_EQ(header->entries[1].begin, 12u);
+  EXPECT_EQ(header->entries[2].begin, header->entries[2].end);
+  EXPECT_EQ(header->metadata.at("format"), "pt");
+
+  EXPECT_EQ(
+      SafetensorsFilePrefix({{"__metadata__", SafetensorsDtype::kF32, {1}}}, {}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SafetensorsFilePrefix({{"x", SafetensorsDtype::kF32, {-1}}}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SafetensorsFilePrefix({{"\xff", SafetensorsDtype::kF32, {1}}}, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

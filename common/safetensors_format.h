@@ -1,13 +1,14 @@
 // The Torch-free half of our safetensors support: the dtype table and the reader's validation
-// of a file's header against its size. safetensors.h builds tensors on top of it; the fuzzers
-// and the sanitizer builds (which have no LibTorch) test it directly.
+// of a file's header against its size, and the writer's header. The worker's LibTorch tensors
+// (worker/checkpoint/safetensors.h) and the CLI's export build on it; the fuzzers and the
+// sanitizer builds (which have no LibTorch) test it directly.
 //
 // Format: an 8-byte little-endian header length N, N bytes of JSON header (padded with spaces
 // to a multiple of 8), then the tensors' raw little-endian bytes packed in header order.
 // Every file is treated as hostile: the whole header is checked before anything is allocated,
 // and nothing outside the given bytes is ever read.
-#ifndef TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
-#define TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
+#ifndef TRAINSTEP_COMMON_SAFETENSORS_FORMAT_H_
+#define TRAINSTEP_COMMON_SAFETENSORS_FORMAT_H_
 
 #include <google/protobuf/struct.pb.h>
 
@@ -64,6 +65,24 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
 // ParseSafetensorsHeader's status.
 absl::Status ValidateSafetensors(absl::string_view bytes);
 
+// A tensor as a writer declares it; its bytes (little-endian, row-major) follow the header.
+struct SafetensorsTensorInfo {
+  std::string name;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
+  std::vector<int64_t> shape;
+};
+
+// The start of a file holding `tensors` in this order: the 8-byte little-endian length and the
+// JSON header, padded with spaces so the data starts 8-byte aligned (as the reference writer
+// does). The tensors' bytes follow, packed in the same order. The file then parses with
+// ParseSafetensorsHeader when `tensors` are sorted by name (the reader's order). INVALID_ARGUMENT
+// naming the tensor for the reserved name "__metadata__", a name or metadata that is not valid
+// UTF-8, a negative dimension, or a header over kMaxSafetensorsHeaderBytes. `*data_bytes`, if
+// non-null, receives the size of the data section.
+absl::StatusOr<std::string> SafetensorsFilePrefix(const std::vector<SafetensorsTensorInfo>& tensors,
+                                                  const Metadata& metadata,
+                                                  uint64_t* data_bytes = nullptr);
+
 namespace internal {
 
 // Tensor names come from files: 'name' with non-printable bytes escaped, so an error message
@@ -84,4 +103,4 @@ bool IsValidUtf8(absl::string_view s);
 }  // namespace internal
 }  // namespace trainstep::ckpt
 
-#endif  // TRAINSTEP_WORKER_CHECKPOINT_SAFETENSORS_FORMAT_H_
+#endif  // TRAINSTEP_COMMON_SAFETENSORS_FORMAT_H_

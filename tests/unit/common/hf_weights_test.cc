@@ -1,9 +1,8 @@
-// HfWeights: a Hugging Face model directory read as hostile input (worker/models/hf_weights.h).
-#include "worker/models/hf_weights.h"
+// HfWeights: a Hugging Face model directory read as hostile input (common/hf_weights.h).
+#include "common/hf_weights.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "worker/checkpoint/safetensors.h"
+#include "common/safetensors_format.h"
 
 namespace trainstep {
 namespace {
@@ -19,16 +18,25 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
+// A safetensors file of zero-filled tensors.
+void WriteSafetensors(const std::string& path,
+                      const std::vector<ckpt::SafetensorsTensorInfo>& tensors) {
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> prefix = ckpt::SafetensorsFilePrefix(tensors, {}, &data_bytes);
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  std::ofstream(path, std::ios::binary) << *prefix << std::string(data_bytes, '\0');
+}
+
+constexpr auto kF32 = ckpt::SafetensorsDtype::kF32;
+constexpr auto kBF16 = ckpt::SafetensorsDtype::kBF16;
+
 class HfWeightsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     fs::create_directories(dir_);
     Write("config.json", R"({"hidden_size": 4})");
-    ASSERT_TRUE(
-        ckpt::WriteSafetensorsFile(dir_ + "/a.safetensors", {{"x", at::ones({2, 2})}}).ok());
-    ASSERT_TRUE(
-        ckpt::WriteSafetensorsFile(dir_ + "/b.safetensors", {{"y", at::zeros({3}, at::kBFloat16)}})
-            .ok());
+    WriteSafetensors(dir_ + "/a.safetensors", {{"x", kF32, {2, 2}}});
+    WriteSafetensors(dir_ + "/b.safetensors", {{"y", kBF16, {3}}});
   }
   void TearDown() override { fs::remove_all(dir_); }
   void Write(const std::string& name, const std::string& text) {
@@ -74,9 +82,7 @@ TEST_F(HfWeightsTest, IndexAndShardsMustAgree) {
   EXPECT_THAT(Error(), HasSubstr("puts tensor 'x' in b.safetensors, which does not hold it"));
   Write("model.safetensors.index.json", R"({"weight_map":{"x":"a.safetensors"}})");
   EXPECT_EQ(Error(), "OK");  // b.safetensors is not a shard of this index: never opened
-  ASSERT_TRUE(ckpt::WriteSafetensorsFile(dir_ + "/a.safetensors",
-                                         {{"x", at::ones({2})}, {"z", at::ones({1})}})
-                  .ok());
+  WriteSafetensors(dir_ + "/a.safetensors", {{"x", kF32, {2}}, {"z", kF32, {1}}});
   EXPECT_THAT(Error(), HasSubstr("holds tensor 'z', which model.safetensors.index.json does not"));
   Write("model.safetensors.index.json", R"({"weight_map":{"x":"c.safetensors"}})");
   EXPECT_THAT(Error(), HasSubstr("c.safetensors does not exist"));

@@ -1,4 +1,4 @@
-#include "worker/models/hf_weights.h"
+#include "common/hf_weights.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,14 +13,14 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace trainstep {
 namespace {
 
 constexpr char kConfig[] = "config.json";
-constexpr char kSingle[] = "model.safetensors";
-constexpr char kIndex[] = "model.safetensors.index.json";
 constexpr char kLayout[] =
     "a directory in Hugging Face layout: config.json and model.safetensors, or "
     "model.safetensors.index.json and its shards";
@@ -99,6 +99,13 @@ HfWeights::~HfWeights() {
   for (const Mapping& m : mappings_) munmap(const_cast<char*>(m.data), m.size);
 }
 
+void HfWeights::ReleasePages(absl::string_view bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 uint64_t HfWeights::total_bytes() const {
   uint64_t total = 0;
   for (const auto& [name, t] : tensors_) total += t.bytes.size();
@@ -140,6 +147,25 @@ absl::Status HfWeights::AddFile(const std::string& name, const AllowedRoots& roo
 absl::StatusOr<std::unique_ptr<HfWeights>> HfWeights::Open(const std::string& dir,
                                                            const AllowedRoots& roots,
                                                            absl::string_view field) {
+  ASSIGN_OR_RETURN(std::unique_ptr<HfWeights> w, OpenDir(dir, roots, field));
+  const std::string config = absl::StrCat(w->dir_, "/", kConfig);
+  RETURN_IF_ERROR(roots.Check(field, config));
+  ASSIGN_OR_RETURN(w->config_json_, ReadSmall(field, config, kLayout));
+  RETURN_IF_ERROR(w->AddWeights(roots, field));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<HfWeights>> HfWeights::OpenTensors(const std::string& dir,
+                                                                  const AllowedRoots& roots,
+                                                                  absl::string_view field) {
+  ASSIGN_OR_RETURN(std::unique_ptr<HfWeights> w, OpenDir(dir, roots, field));
+  RETURN_IF_ERROR(w->AddWeights(roots, field));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<HfWeights>> HfWeights::OpenDir(const std::string& dir,
+                                                              const AllowedRoots& roots,
+                                                              absl::string_view field) {
   std::unique_ptr<HfWeights> w(new HfWeights());
   w->dir_ = dir;
   while (w->dir_.size() > 1 && w->dir_.back() == '/') w->dir_.pop_back();
@@ -148,26 +174,26 @@ absl::StatusOr<std::unique_ptr<HfWeights>> HfWeights::Open(const std::string& di
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": ", dir, " is not a directory; it must be ", kLayout));
   }
-  const std::string config = absl::StrCat(w->dir_, "/", kConfig);
-  RETURN_IF_ERROR(roots.Check(field, config));
-  ASSIGN_OR_RETURN(w->config_json_, ReadSmall(field, config, kLayout));
+  return w;
+}
 
-  const std::string index = absl::StrCat(w->dir_, "/", kIndex);
+absl::Status HfWeights::AddWeights(const AllowedRoots& roots, absl::string_view field) {
+  const std::string& dir = dir_;
+  const std::string index = absl::StrCat(dir_, "/", kHfIndexFile);
   struct stat st;
   if (lstat(index.c_str(), &st) != 0) {
-    if (lstat(absl::StrCat(w->dir_, "/", kSingle).c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat(field, ": ", dir, " has neither ", kSingle, " nor ",
-                                              kIndex, "; it must be ", kLayout));
+    if (lstat(absl::StrCat(dir_, "/", kHfSingleFile).c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat(field, ": ", dir, " has neither ", kHfSingleFile,
+                                              " nor ", kHfIndexFile, "; it must be ", kLayout));
     }
-    RETURN_IF_ERROR(w->AddFile(kSingle, roots, field));
-    return w;
+    return AddFile(kHfSingleFile, roots, field);
   }
   // Sharded: the index's weight_map says which shard holds each tensor; the shards together
   // hold exactly those tensors, each where the index says.
   RETURN_IF_ERROR(roots.Check(field, index));
   ASSIGN_OR_RETURN(const std::string index_text, ReadSmall(field, index, kLayout));
   absl::StatusOr<google::protobuf::Struct> parsed =
-      ckpt::internal::ParseJsonObject(index_text, /*max_depth=*/8, kIndex);
+      ckpt::internal::ParseJsonObject(index_text, /*max_depth=*/8, kHfIndexFile);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": ", index, ": ", parsed.status().message()));
@@ -190,24 +216,55 @@ absl::StatusOr<std::unique_ptr<HfWeights>> HfWeights::Open(const std::string& di
     weight_map.emplace(tensor, file.string_value());
     shards.insert(file.string_value());
   }
-  for (const std::string& shard : shards) RETURN_IF_ERROR(w->AddFile(shard, roots, field));
+  for (const std::string& shard : shards) RETURN_IF_ERROR(AddFile(shard, roots, field));
   for (const auto& [tensor, file] : weight_map) {
-    auto it = w->tensors_.find(tensor);
-    if (it == w->tensors_.end() || it->second.file != file) {
+    auto it = tensors_.find(tensor);
+    if (it == tensors_.end() || it->second.file != file) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": ", index, " puts tensor ", ckpt::internal::QuotedName(tensor), " in ", file,
-          ", which does not hold it", it == w->tensors_.end() ? "" : " (it is in ",
-          it == w->tensors_.end() ? "" : it->second.file, it == w->tensors_.end() ? "" : ")"));
+          ", which does not hold it", it == tensors_.end() ? "" : " (it is in ",
+          it == tensors_.end() ? "" : it->second.file, it == tensors_.end() ? "" : ")"));
     }
   }
-  for (const auto& [tensor, t] : w->tensors_) {
+  for (const auto& [tensor, t] : tensors_) {
     if (weight_map.count(tensor) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": ", t.file, " of ", dir, " holds tensor ",
-                       ckpt::internal::QuotedName(tensor), ", which ", kIndex, " does not list"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", t.file, " of ", dir, " holds tensor ", ckpt::internal::QuotedName(tensor),
+          ", which ", kHfIndexFile, " does not list"));
     }
   }
-  return w;
+  return absl::OkStatus();
+}
+
+std::string HfShardFileName(int index, int count) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", index, count);
+}
+
+std::vector<int> PlanHfShards(const std::vector<uint64_t>& sizes, uint64_t max_bytes) {
+  std::vector<int> shard(sizes.size(), 0);
+  int current = 0;
+  uint64_t filled = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (filled > 0 && filled + sizes[i] > max_bytes) {
+      ++current;
+      filled = 0;
+    }
+    shard[i] = current;
+    filled += sizes[i];
+  }
+  return shard;
+}
+
+std::string HfIndexJson(uint64_t total_size, const std::map<std::string, std::string>& weight_map) {
+  std::string out = absl::StrCat("{\n  \"metadata\": {\n    \"total_size\": ", total_size,
+                                 "\n  },\n  \"weight_map\": {");
+  bool first = true;
+  for (const auto& [tensor, file] : weight_map) {
+    absl::StrAppend(&out, first ? "\n" : ",\n", "    ", JsonQuote(tensor), ": ", JsonQuote(file));
+    first = false;
+  }
+  out += "\n  }\n}\n";
+  return out;
 }
 
 }  // namespace trainstep

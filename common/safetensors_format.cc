@@ -1,4 +1,4 @@
-#include "worker/checkpoint/safetensors_format.h"
+#include "common/safetensors_format.h"
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/json_nesting.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace trainstep::ckpt {
@@ -257,6 +258,55 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes
 
 absl::Status ValidateSafetensors(absl::string_view bytes) {
   return ParseSafetensorsHeader(bytes).status();
+}
+
+absl::StatusOr<std::string> SafetensorsFilePrefix(const std::vector<SafetensorsTensorInfo>& tensors,
+                                                  const Metadata& metadata, uint64_t* data_bytes) {
+  std::string header = "{";
+  if (!metadata.empty()) {
+    absl::StrAppend(&header, "\"", kMetadataKey, "\":{");
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      if (!internal::IsValidUtf8(key) || !internal::IsValidUtf8(value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata entry ", internal::QuotedName(key), " is not valid UTF-8"));
+      }
+      absl::StrAppend(&header, first ? "" : ",", JsonQuote(key), ":", JsonQuote(value));
+      first = false;
+    }
+    header += "}";
+  }
+  uint64_t offset = 0;
+  for (const SafetensorsTensorInfo& t : tensors) {
+    if (t.name == kMetadataKey) {
+      return internal::TensorError(t.name, "the name is reserved for metadata");
+    }
+    if (!internal::IsValidUtf8(t.name)) {
+      return internal::TensorError(t.name, "the name is not valid UTF-8");
+    }
+    uint64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return internal::TensorError(t.name, "a dimension is negative");
+      elements *= static_cast<uint64_t>(d);
+    }
+    const uint64_t nbytes = elements * SafetensorsElementSize(t.dtype);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(t.name), ":{\"dtype\":\"",
+                    SafetensorsDtypeName(t.dtype), "\",\"shape\":[", absl::StrJoin(t.shape, ","),
+                    "],\"data_offsets\":[", offset, ",", offset + nbytes, "]}");
+    offset += nbytes;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  if (header.size() > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header of ", header.size(), " bytes exceeds the limit of ", kMaxSafetensorsHeaderBytes));
+  }
+  const uint64_t n = header.size();
+  std::string prefix(8, '\0');
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  prefix += header;
+  if (data_bytes != nullptr) *data_bytes = offset;
+  return prefix;
 }
 
 const char* SafetensorsDtypeName(SafetensorsDtype dtype) { return Info(dtype).name; }
