@@ -24,6 +24,18 @@ std::vector<at::Generator> Generators(const at::Device& device) {
   return out;
 }
 
+// A generator's state is read and written under the generator's own lock, a c10 (std) mutex:
+// PyTorch's, not one of trainstep's.
+at::Tensor StateOf(at::Generator& generator) {
+  const std::lock_guard lock(generator.mutex());
+  return generator.get_state();
+}
+
+void SetState(at::Generator& generator, const at::Tensor& state) {
+  const std::lock_guard lock(generator.mutex());
+  generator.set_state(state);
+}
+
 struct Checkpointed : public torch::autograd::Function<Checkpointed> {
   static at::Tensor forward(AutogradContext* ctx, const BlockFn* block, at::TensorList inputs) {
     // The block must outlive the graph; the models keep theirs for their lifetime.
@@ -35,10 +47,7 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
     ctx->saved_data["cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
     const at::Device device = inputs[0].device();
     std::vector<at::Tensor> rng;
-    for (at::Generator& g : Generators(device)) {
-      std::lock_guard<std::mutex> lock(g.mutex());
-      rng.push_back(g.get_state());
-    }
+    for (at::Generator& g : Generators(device)) rng.push_back(StateOf(g));
     ctx->saved_data["rng"] = rng;
     ctx->save_for_backward(inputs.vec());
     return (*block)(inputs.vec());  // grad mode is off here: nothing is kept
@@ -63,17 +72,13 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
       std::vector<at::Generator> generators = Generators(inputs[0].device());
       std::vector<at::Tensor> now;
       for (size_t i = 0; i < generators.size(); ++i) {
-        std::lock_guard<std::mutex> lock(generators[i].mutex());
-        now.push_back(generators[i].get_state());
-        generators[i].set_state(rng[i]);
+        now.push_back(StateOf(generators[i]));
+        SetState(generators[i], rng[i]);
       }
       at::AutoGradMode grad(true);
       AutocastReplay replay(autocast);
       output = (*block)(inputs);
-      for (size_t i = 0; i < generators.size(); ++i) {
-        std::lock_guard<std::mutex> lock(generators[i].mutex());
-        generators[i].set_state(now[i]);
-      }
+      for (size_t i = 0; i < generators.size(); ++i) SetState(generators[i], now[i]);
     }
     torch::autograd::backward({output}, {grad_outputs[0]});
     variable_list grads = {at::Tensor()};  // the block: not a tensor
