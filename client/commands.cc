@@ -23,6 +23,7 @@
 #include "client/progress.h"
 #include "common/fnv1a.h"
 #include "common/job_state.h"
+#include "common/proto_bytes.h"
 #include "common/proto_json.h"
 #include "common/record_position.h"
 #include "common/spec.h"
@@ -464,7 +465,7 @@ int JobWatch(const CommandContext& ctx, const std::string& job_id) {
       broken_since.reset();
       const absl::Time now = ctx.clock->Now();
       if (event.has_job()) {
-        std::string seen = event.job().SerializeAsString();
+        std::string seen = ComparableBytes(event.job());
         if (seen != last_job_seen) {
           last_job_seen = std::move(seen);
           last_progress = absl::Now();

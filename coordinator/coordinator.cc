@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/proto_bytes.h"
 #include "common/status_macros.h"
 
 namespace trainstep {
@@ -66,7 +67,7 @@ absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string&
 
 std::string PlaceKey(v1::HeartbeatResponse place) {
   place.clear_state_version();
-  return place.SerializeAsString();
+  return ComparableBytes(place);
 }
 
 // --- Lifecycle ---
@@ -476,7 +477,7 @@ void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
         WatchBatch b;
         b.cursor = cursor;
         v1::Job job = m->Job();
-        std::string serialized = job.SerializeAsString();
+        std::string serialized = ComparableBytes(job);
         if (serialized != cursor.last_job_state) {
           b.job = std::move(job);
           AddThroughput(registry_, now, &*b.job);  // after the comparison: time alone is no news

@@ -52,7 +52,7 @@ class CallHandle {
 // What a WatchJob stream has seen so far.
 struct WatchCursor {
   size_t next_update = 0;      // index into the job's per-update log
-  std::string last_job_state;  // serialized Job last sent (state + progress), "" = none
+  std::string last_job_state;  // ComparableBytes of the Job last sent, "" = none
 };
 
 struct WatchBatch {

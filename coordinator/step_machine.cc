@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_state.h"
+#include "common/proto_bytes.h"
 #include "common/spec.h"
 #include "common/status_macros.h"
 #include "common/throughput.h"
@@ -1050,7 +1051,7 @@ absl::StatusOr<Answer<v1::CompleteWindowResponse>> StepMachine::ReportComplete(
   report.clear_next();
   std::optional<v1::CompleteWindowRequest>& slot = attempt->complete[req.rank()];
   if (slot.has_value()) {
-    if (slot->SerializeAsString() != report.SerializeAsString()) {
+    if (ComparableBytes(*slot) != ComparableBytes(report)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", req.rank(), " sent two different reports for window ", req.window_id()));
     }
@@ -1132,7 +1133,7 @@ absl::StatusOr<Answer<v1::ReportEvalResponse>> StepMachine::ReportEval(
   }
   std::optional<v1::ReportEvalRequest>& slot = eval_attempt_->reports[req.rank()];
   if (slot.has_value()) {
-    if (slot->SerializeAsString() != req.SerializeAsString()) {
+    if (ComparableBytes(*slot) != ComparableBytes(req)) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank(),
                                                      " sent two different evaluations of update ",
                                                      req.optimizer_update_id()));

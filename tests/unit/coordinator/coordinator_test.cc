@@ -500,6 +500,38 @@ TEST_F(CoordinatorTest, ShutdownAnswersWaitersUnavailable) {
   EXPECT_EQ(get.calls(), 1);
 }
 
+// Catches: a watch that resends an unchanged job without end. A job whose spec holds a
+// google.protobuf.Struct (an inline llama config) serializes its map entries in whatever order
+// a copy iterates them; compared by those bytes, every fetch looked like news, and the
+// stream spun the coordinator and the client at full CPU beside the training.
+TEST_F(CoordinatorTest, WatchWaitsForNewsOnAJobWithAStructInItsSpec) {
+  SpecOptions o;
+  o.workers = 1;
+  o.model = R"({"llama":{"config":{"hidden_size":8,"intermediate_size":16,)"
+            R"("num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,)"
+            R"("vocab_size":300,"rms_norm_eps":1e-5,"rope_theta":10000.0,)"
+            R"("max_position_embeddings":64,"tie_word_embeddings":true,"attention_bias":false,)"
+            R"("hidden_act":"silu","initializer_range":0.02,"bos_token_id":1,"eos_token_id":2,)"
+            R"("torch_dtype":"bfloat16","model_type":"llama","use_cache":true}}})";
+  const std::string job = Submit(o);
+  ASSERT_FALSE(job.empty());
+  Call<WatchBatch> first;
+  coordinator_->WatchJob(job, WatchCursor{}, first.done(), std::make_shared<CallHandle>());
+  absl::StatusOr<WatchBatch> batch = first.Get();
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_TRUE(batch->job.has_value());
+  // Nothing changes from here: every later fetch must wait, and shutdown answers it.
+  std::vector<Call<WatchBatch>> later(5);
+  for (Call<WatchBatch>& fetch : later) {
+    coordinator_->WatchJob(job, batch->cursor, fetch.done(), std::make_shared<CallHandle>());
+  }
+  coordinator_->Shutdown();
+  for (Call<WatchBatch>& fetch : later) {
+    EXPECT_EQ(fetch.Get().status().code(), absl::StatusCode::kUnavailable)
+        << "a fetch was answered with a job that had not changed";
+  }
+}
+
 // Catches: state acknowledged to callers but lost across a restart (the journal not
 // written, or not replayed), ids reused after it, or the micro-step id and the update
 // interval starting again from zero after it.

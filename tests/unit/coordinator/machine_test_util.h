@@ -38,16 +38,17 @@ struct SpecOptions {
   std::string checkpoint_dir;  // "" = checkpoints off
   std::optional<int64_t> every_updates;
   std::optional<double> max_grad_norm;
-  std::string schedule;               // JSON object, "" = constant
-  double lr = 0.1;                    // sgd
-  std::optional<int64_t> eval_every;  // set: spec.eval with this every_updates
-  std::string stragglers;             // JSON object, "" = resolver defaults
-  std::string validate;               // JSON object, "" = resolver defaults (off)
+  std::string schedule;                      // JSON object, "" = constant
+  double lr = 0.1;                           // sgd
+  std::optional<int64_t> eval_every;         // set: spec.eval with this every_updates
+  std::string stragglers;                    // JSON object, "" = resolver defaults
+  std::string validate;                      // JSON object, "" = resolver defaults (off)
+  std::string model = R"({"tiny_gpt":{}})";  // spec.model, a JSON object
 };
 
 inline std::string SpecJson(const SpecOptions& o) {
   std::string json = absl::StrCat(
-      R"({"name":"t","model":{"tiny_gpt":{}},"data":{"text":{"paths":["/data"]}},)",
+      R"({"name":"t","model":)", o.model, R"(,"data":{"text":{"paths":["/data"]}},)",
       R"("batch":{"micro_batch_size":)", o.micro_batch_size, R"(,"accumulation_steps":)",
       o.accumulation_steps, R"(,"tail":")", o.tail, R"("},)", R"("precision":")", o.precision,
       R"(","optimizer":{"sgd":{"lr":)", o.lr, "}},", R"("workers":{"count":)", o.workers);
