@@ -216,6 +216,11 @@ absl::StatusOr<AllReduceStats> Collective::AllReduceSum(const std::vector<at::Te
                                                         int64_t bucket_bytes) {
   AllReduceStats stats;
   for (const BucketRange& b : PlanBuckets(tensors, bucket_bytes)) {
+    ++stats.calls;  // the same buckets at any world size: records compare across sizes
+    stats.bytes += b.bytes;
+    // One rank's sum is its own gradients: packing them and copying them back would cost a
+    // full copy of the gradients in memory and two passes over them, for nothing.
+    if (world_size_ == 1) continue;
     std::vector<at::Tensor> bucket;
     try {
       bucket = {PackBucket(b, [&](size_t i) -> const at::Tensor& { return tensors[i]; })};
@@ -224,8 +229,6 @@ absl::StatusOr<AllReduceStats> Collective::AllReduceSum(const std::vector<at::Te
     }
     RETURN_IF_ERROR(Await(kAllReduceWhat, [&] { return group_->allreduce(bucket); }));
     UnpackBucket(b, bucket[0], tensors);
-    ++stats.calls;
-    stats.bytes += b.bytes;
   }
   return stats;
 }
@@ -269,7 +272,7 @@ PendingAllReduce::~PendingAllReduce() {
 
 void PendingAllReduce::AbandonIfRunning() {
   for (const c10::intrusive_ptr<c10d::Work>& w : state_->work) {
-    if (!w->isCompleted()) collective_->abandoned_ = true;
+    if (w && !w->isCompleted()) collective_->abandoned_ = true;
   }
 }
 
@@ -314,6 +317,13 @@ void PendingAllReduce::LaunchReadyLocked() {
 void PendingAllReduce::LaunchLocked(size_t b, const std::vector<at::Tensor>* tensors) {
   State& s = *state_;
   const BucketRange& range = s.plan[b];
+  if (!s.first_launch.has_value()) s.first_launch = absl::Now();
+  if (collective_->world_size() == 1) {  // as in Collective::AllReduceSum: nothing to do
+    s.flat.emplace_back();
+    s.work.emplace_back();
+    ++s.next;
+    return;
+  }
   std::vector<at::Tensor> bucket;
   try {
     bucket = {PackBucket(range, [&](size_t i) -> const at::Tensor& {
@@ -326,7 +336,6 @@ void PendingAllReduce::LaunchLocked(size_t b, const std::vector<at::Tensor>* ten
   c10::intrusive_ptr<c10d::Work> work;
   s.error = Catching(kAllReduceWhat, [&] { work = collective_->group_->allreduce(bucket); });
   if (!s.error.ok()) return;
-  if (!s.first_launch.has_value()) s.first_launch = absl::Now();
   s.flat.push_back(std::move(bucket));
   s.work.push_back(std::move(work));
   ++s.next;
@@ -357,6 +366,9 @@ absl::StatusOr<AllReduceStats> PendingAllReduce::Finish(const std::vector<at::Te
   }
   // Hooks are over (backward returned): the waits hold the lock only against misuse.
   for (size_t b = 0; b < s.plan.size(); ++b) {
+    ++stats.calls;
+    stats.bytes += s.plan[b].bytes;
+    if (!s.work[b]) continue;  // one rank: nothing was sent
     absl::Status waited =
         CatchTorch(absl::StatusCode::kUnavailable, absl::StrCat(kAllReduceWhat, " failed"),
                    [&] { collective_->WaitOrThrow(s.work[b]); });
@@ -365,8 +377,6 @@ absl::StatusOr<AllReduceStats> PendingAllReduce::Finish(const std::vector<at::Te
       return waited;
     }
     UnpackBucket(s.plan[b], s.flat[b][0], tensors);
-    ++stats.calls;
-    stats.bytes += s.plan[b].bytes;
   }
   return stats;
 }

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
@@ -86,8 +87,43 @@ TEST(CollectiveTest, GlooSumsInPlaceInBoundedBuckets) {
       });
 }
 
+// Catches: a one-rank "sum" that packs every gradient into buckets and copies it back, a full
+// extra copy of the gradients in memory and two passes over them each window, for the identity.
+// The last gradient is a broadcast view (stride 0): packing copies it, writing back into it
+// throws, so a write-back fails here. The calls and bytes are those of any world size.
+TEST(CollectiveTest, OneRankSumLeavesTheGradientsAsTheyAre) {
+  OnRanks(
+      1, [](int) { return at::Device(at::kCPU); },
+      [](int rank, Collective& c) {
+        std::vector<at::Tensor> g = Grads(rank, at::kCPU);
+        g.push_back(torch::ones({1}).expand({8}));
+        absl::StatusOr<AllReduceStats> s = c.AllReduceSum(g, /*bucket_bytes=*/1024);
+        ASSERT_TRUE(s.ok()) << s.status();
+        // As GlooSumsInPlaceInBoundedBuckets, plus the float view after the doubles.
+        EXPECT_EQ(s->calls, 4);
+        EXPECT_EQ(s->bytes, (12 + 5 + 300) * 4 + 6 * 8 + 8 * 4);
+        g.pop_back();
+        ExpectSummed(g, 1);
+
+        // The same when overlapped with backward: each bucket "launched" as it becomes final.
+        std::vector<at::Tensor> o = Grads(rank, at::kCPU);
+        o.push_back(torch::ones({1}).expand({8}));
+        std::unique_ptr<PendingAllReduce> p = c.StartAllReduceSum(o, /*bucket_bytes=*/1024);
+        for (size_t i = 0; i < o.size(); ++i) p->MarkReady(i, o[i]);
+        EXPECT_EQ(p->launched(), 4);
+        EXPECT_TRUE(p->first_launch().has_value());
+        absl::StatusOr<AllReduceStats> os = p->Finish(o);
+        ASSERT_TRUE(os.ok()) << os.status();
+        EXPECT_EQ(os->calls, s->calls);
+        EXPECT_EQ(os->bytes, s->bytes);
+        EXPECT_EQ(os->overlapped_calls, 4);
+        o.pop_back();
+        ExpectSummed(o, 1);
+      });
+}
+
 // Catches: a first bucket as big as the rest (a model under 25 MiB would make one bucket that
-// leaves only when backward ends, so nothing overlaps: issue 16), a first cap that outgrows a
+// leaves only when backward ends, so nothing overlaps), a first cap that outgrows a
 // smaller `bucket_bytes`, a tensor bigger than the cap split or merged.
 TEST(PlanBucketsTest, FirstBucketIsCappedAtOneMebibyteAsDdpDoes) {
   auto floats = [](int64_t kib) { return at::zeros({kib * 256}, at::kFloat); };
