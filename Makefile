@@ -59,7 +59,7 @@ bench: build
 clean:
 	rm -rf $(BUILD_DIR) build-debian13 $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR)
 
-# --- Sanitizers and fuzzing (issue 15; README "Tests", SECURITY.md) ------------------------
+# --- Sanitizers and fuzzing (README "Tests", SECURITY.md) ----------------------------------
 # Clang 14 builds without LibTorch (coordinator, client, common, the worker's data readers and
 # checkpoint formats), each in its own build directory. One ASan+UBSan build serves both
 # check-asan and the fuzzers. -O1 with line tables: reports name file:line, builds stay cheap.

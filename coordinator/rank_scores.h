@@ -1,4 +1,4 @@
-// RankScores: which rank is slow (issue 26). Each decided window, every rank reports where its
+// RankScores: which rank is slow. Each decided window, every rank reports where its
 // window went (WindowPhases); this keeps, per worker, its compute time per unit (token or
 // sample, so a rank with a shorter share is not mistaken for a fast one) averaged over its
 // last `window_count` scored windows, and scores it the way NVIDIA's resiliency extension

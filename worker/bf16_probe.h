@@ -1,5 +1,5 @@
 // bf16 on a CPU without native bf16 instructions is emulated and can be tens of times slower
-// than fp32 (issue 10: 42 ms against 1.0 ms for a Linear). A bf16 job on such a CPU gets a
+// than fp32 (42 ms against 1.0 ms for a Linear). A bf16 job on such a CPU gets a
 // warning at worker start that names the reason and the cost, measured on the spot.
 #ifndef TRAINSTEP_WORKER_BF16_PROBE_H_
 #define TRAINSTEP_WORKER_BF16_PROBE_H_

@@ -7,7 +7,7 @@
 // (pthread_attr_setstacksize(102400)), and LibTorch's libraries already hold ~47 KiB of
 // static TLS; with OpenBLAS as libblas.so.3/liblapack.so.3, its 60 KiB PT_TLS segment brings
 // the total to ~108 KiB, civetweb's master thread cannot start, and the Exposer throws "null
-// context when constructing CivetServer" (issue 10). thread_stack.cc fixes it for every
+// context when constructing CivetServer". thread_stack.cc fixes it for every
 // library in the process: it interposes pthread_attr_setstacksize, so a requested size is the
 // usable stack and the static TLS comes on top. It is linked into every binary that links
 // trainstep_worker_lib (an object file, not an archive member, so it is always there).

@@ -4,7 +4,7 @@
 # then prints a summary and a sample of text from the final checkpoint.
 #
 # Precision: bf16 where the CPU computes it natively (avx512_bf16 / amx_bf16), fp32 elsewhere:
-# there LibTorch emulates bf16 autocast, tens of times slower than fp32 (issue 10). The worker
+# there LibTorch emulates bf16 autocast, tens of times slower than fp32. The worker
 # binary decides (`trainstep-worker --host-info`, given the same --worker-flag flags as the
 # demo's workers); TRAINSTEP_DEMO_PRECISION=fp32|bf16 overrides it.
 #   deploy/local/demo.sh [--dry-run] [launch.sh flags...]

@@ -50,7 +50,7 @@ for b in step_machine_bench loopback_bench tokens_bench; do
   fi
 done
 
-# The window round trip with ranks as processes, beside a Gloo scalar all-reduce (issue 16).
+# The window round trip with ranks as processes, beside a Gloo scalar all-reduce.
 if [ -x "$BUILD_DIR/bench/coordination_rank" ]; then
   if run_bench coordination_bench "$LOG_DIR/coordination_bench.log" /usr/bin/python3 \
       "$ROOT/tests/bench/coordination_bench.py" --build-dir "$BUILD_DIR" --breakdown; then

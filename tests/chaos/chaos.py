@@ -16,7 +16,7 @@ Fault kinds (--kinds, default all that this machine allows):
   restart_gap_kill  coordinator_kill plus SIGKILL of a rank, from 0.5 s before the
                     coordinator's death to 0.3 s after its successor listens: the restarted
                     coordinator loses a rank before it heard from the survivors, the case
-                    where a rollback redid updates the survivors still held (issue 13)
+                    where a rollback redid updates the survivors still held
   worker_stop       SIGSTOP of a rank for longer than the lease, then SIGCONT (gray failure)
   checkpoint_kill   SIGKILL of rank 0 the moment its checkpoint temp dir appears (inotify)
   journal_full      the journal's device (a tmpfs this tool mounts; root) filled up until the
@@ -50,7 +50,7 @@ Judgement, per job (a job passes when all hold):
 Recovery per fault: from the injection (from the restarted coordinator listening, for the
 coordinator's faults, after the heal) to the end_time_ms of the next commit, in a newer
 generation for the faults that cost a rank. Reported p50/max per kind; with
---enforce-bounds the verdict also requires issue 13's bounds: the next commit ≤ 1 s; a stopped
+--enforce-bounds the verdict also requires the recovery bounds: the next commit ≤ 1 s; a stopped
 or partitioned rank replaced (the recovering generation's last rank assigned) ≤ lease;
 all_ranks_kill, which must start new processes, ≤ lease; restart_gap_kill ≤ the reconnect
 grace + 1 s (a rank dead before it reached the new coordinator is told from a slow one only
@@ -102,10 +102,10 @@ SPARE_FAULTS = ("worker_kill", "worker_retire", "restart_gap_kill", "checkpoint_
                 "worker_stop", "partition")
 # Each kind's bound on recovery: (seconds, or "lease", or "grace + 1 s"; the phase of
 # judge.phases it holds).
-# * Issue 13's: 1 s to the next commit for a rank's or the coordinator's SIGKILL; a SIGSTOPped
+# * 1 s to the next commit for a rank's or the coordinator's SIGKILL; a SIGSTOPped
 #   (or cut-off) worker "replaced within the lease": the recovering generation's last rank
 #   assigned its place, the commit follows.
-# * all_ranks_kill is not one of issue 13's faults: no replica survives, so its recovery
+# * all_ranks_kill is not one of those faults: no replica survives, so its recovery
 #   includes starting new worker processes (the slot's --restart-delay, LibTorch's start,
 #   registration) and loading the checkpoint it rolls back to; held to the lease.
 # * restart_gap_kill is not one either: a rank dies while the coordinator restarts. When it dies
@@ -173,7 +173,7 @@ def parse_args(argv):
     p.add_argument("--tolerance", type=float, default=1e-5,
                    help="relative weight tolerance against the fault-free run (default 1e-5)")
     p.add_argument("--enforce-bounds", action="store_true",
-                   help="fail the verdict when recovery exceeds issue 13's bounds")
+                   help="fail the verdict when recovery exceeds its bound")
     p.add_argument("--resummarize", metavar="DIR",
                    help="run nothing: judge the finished campaign in DIR again from its "
                         "faults.jsonl and jobs.jsonl under this tool's bounds, and rewrite its "
@@ -1011,7 +1011,7 @@ def judge_campaign(faults, jobs, kinds, lease_s, enforce_bounds):
     failures = [f"job {j['job']}: {p}" for j in jobs for p in j["problems"]]
     bounds_failed = [k for k, v in per_kind.items() if v["injected"] and not v["within_bound"]]
     if enforce_bounds and bounds_failed:
-        failures.append(f"recovery beyond issue 13's bounds for {bounds_failed}")
+        failures.append(f"recovery beyond the bounds for {bounds_failed}")
     return per_kind, failures, bounds_failed
 
 

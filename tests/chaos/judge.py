@@ -350,7 +350,7 @@ def judge_rollbacks(records, generations, procs):
     as far as ending a window (so every rank had received the state: a generation formed
     while its source was already dead, unbeknown to the coordinator, passes nothing on) —
     with what each was doing at the rollback's time. A rollback while a holder was running is
-    unnecessary (issue 13's rule); one whose holders were only paused or cut off is reported
+    unnecessary; one whose holders were only paused or cut off is reported
     as such. `procs`: dicts with name, start, end, stopped, partitioned, generations.
 
     A generation_formed event has no time of its own, only the bracket [time, time_hi] of

@@ -369,7 +369,7 @@ class CampaignBoundsTest(unittest.TestCase):
                                     [f["kind"] for f in faults], 10.0, True)
 
     def test_a_stopped_rank_is_held_to_its_replacement_not_the_commit(self):
-        # Issue 13: "a SIGSTOPped worker is replaced within the lease". A bound on the commit
+        # The bound: "a SIGSTOPped worker is replaced within the lease". A bound on the commit
         # would fail a replacement at 9.9 s whose commit came at 10.1 s.
         per_kind, failures, _ = self.judge([self.fault("worker_stop", 10.1, assigned_s=9.9)])
         self.assertEqual(per_kind["worker_stop"]["over_bound"], 0)

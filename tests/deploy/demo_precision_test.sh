@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/local/demo.sh chooses bf16 only where the worker reports native bf16, says why, and
 # writes that precision into the spec it runs. Catches: the demo asking for bf16 on a CPU
-# that emulates it (issue 10: ~57 minutes instead of ~3), a choice made without a reason.
+# that emulates it (~57 minutes instead of ~3), a choice made without a reason.
 set -uo pipefail
 ROOT=$1 BIN=$2
 DIR=$(mktemp -d /tmp/trainstep-demo-precision.XXXXXX)

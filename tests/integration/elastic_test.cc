@@ -1,4 +1,4 @@
-// Elastic world size through real processes (issue 14): workers killed for good, the job going
+// Elastic world size through real processes: workers killed for good, the job going
 // on with fewer ranks after workers.join_grace, growing back when workers return, and waiting
 // below workers.min. Each case compares its final weights with the same job run by
 // workers.count workers without a fault: the samples of a window do not depend on how many

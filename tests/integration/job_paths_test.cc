@@ -1,4 +1,4 @@
-// What a job may touch (issue 15 item 4), through the real coordinator and worker binaries:
+// What a job may touch, through the real coordinator and worker binaries:
 // a spec naming files outside the worker's --allowed-roots (directly, through "..", or
 // through a symlink inside a root) fails cleanly, naming the field; a checkpoint directory
 // holding another job's checkpoints is left untouched; two jobs cannot share one directory.

@@ -1,4 +1,4 @@
-// The coordinator's limits (issue 15 item 5) against the real binaries, under the loads the
+// The coordinator's limits against the real binaries, under the loads the
 // security probe used: megabyte store values and many keys, multi-megabyte request ids, job
 // lists larger than gRPC's message limit, and a journal written before a limit was lowered.
 #include <gtest/gtest.h>

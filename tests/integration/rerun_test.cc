@@ -1,4 +1,4 @@
-// Re-run on suspicion through real processes (issue 26, part 1): a window whose loss or
+// Re-run on suspicion through real processes: a window whose loss or
 // gradient is non-finite is computed again by every rank before its decision. A fault
 // injected into one rank's first run only (--debug-flip-grad-window, --debug-flip-loss-window)
 // is attributed to that rank, and the job's weights equal the fault-free run's; a poisoned

@@ -1,4 +1,4 @@
-// Straggler scores through real processes (issue 26, part 2): a worker slowed three times
+// Straggler scores through real processes: a worker slowed three times
 // (--debug-slow-factor, fault injection) is named by its scores in ListWorkers, GetJob and the
 // coordinator's trainstep_rank_score, and the others score as the fastest; with
 // stragglers.replace_below it is drained and a standby takes its rank, the weights unchanged.

@@ -1,6 +1,6 @@
 // Real worker processes on the BLAS implementations a Debian host may have as libblas.so.3:
 // each starts (its /metrics server included), trains, and reports the library it really
-// loaded. Plus the start-up notices about threads and bf16. Issue 10: with OpenBLAS as the
+// loaded. Plus the start-up notices about threads and bf16. With OpenBLAS as the
 // system BLAS every worker exited at start ("null context when constructing CivetServer").
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -92,7 +92,7 @@ class WorkerBlasTest : public testing::ClusterTest {
 };
 
 // Whatever the libblas.so.3 alternative points at (OpenBLAS in CI: scripts/install-deps.sh
-// sets it), the workers train with it and report that very library. Catches: issue 10's
+// sets it), the workers train with it and report that very library. Catches: the
 // start-up failure under OpenBLAS; a BLAS reported from a guess instead of the process.
 TEST_F(WorkerBlasTest, WorkersTrainWithTheSystemBlas) {
   const std::filesystem::path dir =
@@ -143,7 +143,7 @@ TEST_F(WorkerBlasTest, LocalWorkersSplitTheCores) {
 
 // A bf16 job: the worker told its CPU lacks native bf16 warns with the reason and the
 // measured cost; the one told it has avx512_bf16 just notes it. Catches: bf16 silently
-// emulated at many times the fp32 cost (issue 10: the demo at 57 minutes instead of 3).
+// emulated at many times the fp32 cost (the demo took 57 minutes instead of 3).
 TEST_F(WorkerBlasTest, Bf16JobWarnsWhereBf16IsEmulated) {
   const std::string text = dir_ + "/text.txt";
   {

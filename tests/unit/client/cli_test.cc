@@ -571,7 +571,7 @@ TEST_F(CliE2eTest, WatchAndGetShowTheEvalLossAndThroughput) {
     EXPECT_EQ(absl::StrContains(line, " eval_loss="), evaluated) << line;
   }
   EXPECT_TRUE(absl::StrContains(r.err, "window 2 commit update=2 ")) << r.err;
-  // 1 / (1 + 2), at the end of window 2's line (after issue 18's micro_step and interval).
+  // 1 / (1 + 2), at the end of window 2's line (after the micro_step and interval).
   EXPECT_TRUE(absl::StrContains(r.err, " eval_loss=0.33333\nwindow 3 ")) << r.err;
   // The job's end is reported after the last record (released with its evaluation).
   EXPECT_LT(r.err.find("window 6 commit"), r.err.find("job job-1 SUCCEEDED")) << r.err;

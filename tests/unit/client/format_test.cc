@@ -144,7 +144,7 @@ TEST(FormatTest, ProgressLineWithoutMax) {
   EXPECT_EQ(ProgressLine(v), "update 120  loss -  scale 65536  lr 8.0e-04  skipped 2");
 }
 
-// Catches a job short of workers that looks merely slow on the live line (issue 14).
+// Catches a job short of workers that looks merely slow on the live line.
 TEST(FormatTest, ProgressLineSaysWhatAJobWaitsFor) {
   ProgressView v = SampleView();
   v.waiting = "waiting for workers: 1 available, workers.min is 2 (workers.count 3)";

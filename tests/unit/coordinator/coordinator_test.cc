@@ -605,7 +605,7 @@ TEST_F(CoordinatorTest, ReopenFromSnapshotAndLogTail) {
   EXPECT_DOUBLE_EQ(d3.record().update_interval_seconds(), 1.5);
 }
 
-// Catches: Tick writing the snapshot under the coordinator's lock (issue 16), so that every
+// Catches: Tick writing the snapshot under the coordinator's lock, so that every
 // call, reads included, stalls for the snapshot's write, fsync, rename and directory fsync.
 // The snapshot's fsync is held open; Tick must return and calls that journal a record must be
 // answered meanwhile. Tick and the call run on their own threads so that the old behaviour

@@ -510,7 +510,7 @@ TEST(JobRegistryTest, JobIdOfEveryRecordKind) {
   EXPECT_EQ(JobIdOf(v1::JournalRecord()), "");
 }
 
-// --- Limits (issue 15 item 5) ---
+// --- Limits ---
 
 v1::SubmitJobRequest SubmitCheckpointed(const std::string& dir,
                                         const std::string& request_id = "") {

@@ -676,7 +676,7 @@ TEST_F(JournalTest, SnapshotFailureStartingTheNextLogBreaksJournal) {
   }
 }
 
-// The bug issue 16 is about: a snapshot written while holding the writer role (as WriteSnapshot
+// The bug this guards against: a snapshot written while holding the writer role (as WriteSnapshot
 // did, under the coordinator's lock) makes every Append + Sync wait for the snapshot's write,
 // fsync, rename and directory fsync. Here the snapshot's fsync is held open; a Sync on another
 // thread must still complete. The bounded wait only turns such a stall into a failure instead

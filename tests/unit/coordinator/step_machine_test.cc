@@ -1545,7 +1545,7 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   EXPECT_GT(ck.checkpoint_id(), d5.checkpoint_id());  // checkpoint ids are never reused
 }
 
-// Issue 13's rule: while a replica that holds the current update may be alive, the job never
+// The rule: while a replica that holds the current update may be alive, the job never
 // rolls back — also right after a coordinator restart, when nobody has said yet what it holds.
 // Catches: a restarted coordinator rolling back to the last durable checkpoint because a worker
 // was lost before the survivors (busy applying the decision they got from the re-sent report)
@@ -1809,7 +1809,7 @@ TEST(StepMachineTest, RendezvousThatStraddledARestartEndsItsGeneration) {
   EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
 }
 
-// --- Elastic world size (issue 14) ---
+// --- Elastic world size ---
 
 SpecOptions Elastic(int count, int min, const std::string& grace) {
   SpecOptions o;
@@ -1827,7 +1827,7 @@ std::vector<v1::GenerationFormed> FormedWith(const SimulatedRanks& sim, size_t f
   return out;
 }
 
-// Catches: a job of workers.count 3 that loses a worker for good waiting for ever (issue 14's
+// Catches: a job of workers.count 3 that loses a worker for good waiting for ever (the
 // probe); and one that shrinks at once instead of giving a replacement the join grace.
 TEST(StepMachineTest, ShortOfWorkersGoesOnWithFewerAfterTheJoinGrace) {
   SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "5s")));

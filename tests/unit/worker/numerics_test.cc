@@ -107,7 +107,7 @@ TEST(AmpTest, GlobalNormMatchesClipGradNorm) {
   EXPECT_NEAR(ours, theirs, 1e-5 * theirs);
 }
 
-// fp16 without CUDA is refused with what to do instead (issue 3).
+// fp16 without CUDA is refused with what to do instead.
 TEST(AmpTest, Fp16OnCpuIsRefused) {
   absl::Status s = CheckPrecision(v1::JobSpec::fp16, at::kCPU);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

@@ -59,7 +59,7 @@ TEST(ThreadStackTest, ARequestedStackOfTheTlsSizeStillStartsAndIsUsable) {
   pthread_join(t, nullptr);
 }
 
-// Catches issue 10 itself: "null context when constructing CivetServer" next to LibTorch's
+// Catches the original failure: "null context when constructing CivetServer" next to LibTorch's
 // libraries (OpenBLAS as the system BLAS, or CUDA's ~160 KiB of static TLS).
 TEST(ThreadStackTest, TheMetricsServerStartsInALibTorchProcess) {
   at::Tensor t = torch::ones({2});  // LibTorch is loaded and used
