@@ -87,7 +87,7 @@ struct ProgressView {
 // lr 8.0e-04  skipped 2  ETA 1m20s" (upd/s and eval only when known)
 std::string ProgressLine(const ProgressView& view);
 
-// One line per record when the progress is not drawn live:
+// One line per record when the progress line is not redrawn in place:
 // "window 12 commit update=12 loss=2.3141 lr=0.0008 scale=65536 norm=1.23->1.00 tokens=4096
 // micro_step=96 interval=1.250s"; a skip or abort carries its reason after the outcome
 // ("window 13 skip OVERFLOW ..."); "tail" marks a short tail window, "dropped=4" an epoch

@@ -77,7 +77,7 @@ std::string Pow2Label(double exponent) {
 
 struct Point {
   double x = 0;
-  double y = 0;  // non-finite: not drawn, breaks the line
+  double y = 0;  // non-finite: left out of the picture, breaks the line
 };
 
 struct Series {
@@ -214,7 +214,7 @@ void DrawTitle(std::string* svg, const Panel& p, const Frame& f, int undrawable)
   if (undrawable > 0) {
     absl::StrAppend(&title, "  (", undrawable,
                     p.log2 ? " non-positive or non-finite" : " non-finite",
-                    undrawable == 1 ? " value" : " values", " not drawn)");
+                    undrawable == 1 ? " value" : " values", " not plotted)");
   }
   Text(svg, f.left, f.top - 10, "font-size=\"13\" font-weight=\"bold\" fill=\"#212529\"", title);
   double lx = f.right;

@@ -20,7 +20,7 @@ struct PlotInput {
 };
 
 // Always a complete document: no records, one record, constant series and non-finite
-// values (not drawn, counted in the panel title) give a valid picture with finite
+// values (not plotted, counted in the panel title) give a valid picture with finite
 // coordinates. Commits are drawn at x = optimizer_update_id; a skipped or aborted window,
 // which changes no parameter, at x = its optimizer_update_id + 0.5 (between the update
 // before it and the next one).

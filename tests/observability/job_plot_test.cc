@@ -251,8 +251,8 @@ TEST(PlotSvgTest, MarksSkipsAndAbortsAndEscapesTheName) {
   EXPECT_TRUE(absl::StrContains(text, "skipped window"));
   EXPECT_TRUE(absl::StrContains(text, "aborted window"));
   EXPECT_TRUE(absl::StrContains(text, "8 windows: 6 committed, 1 skipped, 1 aborted")) << text;
-  // The NaN norms of update 6 (pre- and post-clip) are not drawn but said.
-  EXPECT_TRUE(absl::StrContains(text, "gradient norm  (2 non-finite values not drawn)")) << text;
+  // The NaN norms of update 6 (pre- and post-clip) are not plotted but said.
+  EXPECT_TRUE(absl::StrContains(text, "gradient norm  (2 non-finite values not plotted)")) << text;
   for (const char* label : {"loss", "learning rate", "loss scale (log\u2082 axis)", "pre-clip",
                             "post-clip", "optimizer_update_id"}) {
     EXPECT_TRUE(absl::StrContains(text, label)) << label;

@@ -38,13 +38,6 @@ constexpr Dtype kDtypes[] = {
     {SafetensorsDtype::kU8, at::kByte},    {SafetensorsDtype::kBool, at::kBool},
 };
 
-at::ScalarType ToScalarType(SafetensorsDtype dtype) {
-  for (const Dtype& d : kDtypes) {
-    if (d.dtype == dtype) return d.type;
-  }
-  return at::kFloat;  // Unreachable: every enumerator is in the table.
-}
-
 std::optional<SafetensorsDtype> ToSafetensorsDtype(at::ScalarType type) {
   for (const Dtype& d : kDtypes) {
     if (type == d.type) return d.dtype;
@@ -135,6 +128,13 @@ absl::StatusOr<TensorMap> Materialize(const SafetensorsHeader& header) {
 }
 
 }  // namespace
+
+at::ScalarType ToScalarType(SafetensorsDtype dtype) {
+  for (const Dtype& d : kDtypes) {
+    if (d.dtype == dtype) return d.type;
+  }
+  return at::kFloat;  // Unreachable: every enumerator is in the table.
+}
 
 absl::StatusOr<at::Tensor> TensorFromSafetensors(absl::string_view name, SafetensorsDtype dtype,
                                                  const std::vector<int64_t>& shape,

@@ -33,6 +33,9 @@ absl::StatusOr<std::string> SerializeSafetensors(const TensorMap& tensors,
 // non-null, receives "__metadata__" (empty if absent) and is only written on success.
 absl::StatusOr<TensorMap> ParseSafetensors(absl::string_view bytes, Metadata* metadata = nullptr);
 
+// The LibTorch scalar type of a safetensors dtype.
+at::ScalarType ToScalarType(SafetensorsDtype dtype);
+
 // One tensor of a validated file (ParseSafetensorsHeader): a CPU tensor owning a copy of
 // `bytes`. RESOURCE_EXHAUSTED naming it when the allocation fails.
 absl::StatusOr<at::Tensor> TensorFromSafetensors(absl::string_view name, SafetensorsDtype dtype,

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "worker/checkpoint/safetensors.h"
 
 namespace trainstep {
 namespace {
@@ -20,32 +21,6 @@ constexpr char kField[] = "model.init_from";
 
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-at::ScalarType ScalarTypeOf(ckpt::SafetensorsDtype d) {
-  switch (d) {
-    case ckpt::SafetensorsDtype::kBF16:
-      return at::kBFloat16;
-    case ckpt::SafetensorsDtype::kF16:
-      return at::kHalf;
-    case ckpt::SafetensorsDtype::kF64:
-      return at::kDouble;
-    case ckpt::SafetensorsDtype::kI64:
-      return at::kLong;
-    case ckpt::SafetensorsDtype::kI32:
-      return at::kInt;
-    case ckpt::SafetensorsDtype::kI16:
-      return at::kShort;
-    case ckpt::SafetensorsDtype::kI8:
-      return at::kChar;
-    case ckpt::SafetensorsDtype::kU8:
-      return at::kByte;
-    case ckpt::SafetensorsDtype::kBool:
-      return at::kBool;
-    case ckpt::SafetensorsDtype::kF32:
-      break;
-  }
-  return at::kFloat;
 }
 
 }  // namespace
@@ -57,7 +32,7 @@ bool IsWeightDtype(ckpt::SafetensorsDtype d) {
 
 void CopyWeight(const HfWeights::Tensor& t, at::Tensor& dst) {
   torch::NoGradGuard no_grad;
-  const at::ScalarType type = ScalarTypeOf(t.dtype);
+  const at::ScalarType type = ckpt::ToScalarType(t.dtype);
   const size_t element = ckpt::SafetensorsElementSize(t.dtype);
   at::Tensor source;
   if (reinterpret_cast<uintptr_t>(t.bytes.data()) % element == 0) {
@@ -94,7 +69,7 @@ absl::Status InitFromCheckpoint(const std::string& path, const AllowedRoots& roo
     }
     // Parameters take any float weights; a buffer (a step counter, a mask) only its own dtype.
     const bool ok = i < parameters ? IsWeightDtype(t.dtype)
-                                   : ScalarTypeOf(t.dtype) == dst.scalar_type() ||
+                                   : ckpt::ToScalarType(t.dtype) == dst.scalar_type() ||
                                          (dst.is_floating_point() && IsWeightDtype(t.dtype));
     if (!ok) {
       return absl::InvalidArgumentError(
