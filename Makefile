@@ -35,7 +35,7 @@ check-locks:
 
 # The process tests (integration, conformance, chaos) FLAKE_REPEAT times each, with every core
 # kept busy, FLAKE_ROUNDS times in a row: a test that races a timer or a busy core fails here.
-# FLAKE_REGEX narrows it to matching test names. About 10 min a round on 2 cores.
+# FLAKE_REGEX narrows it to matching test names. About 25 min a round on 2 cores.
 FLAKE_REPEAT ?= 3
 FLAKE_ROUNDS ?= 1
 FLAKE_REGEX ?=

@@ -8,7 +8,7 @@
 #include "client/args.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "common/worker_client.h"
+#include "common/channel.h"
 
 namespace trainstep::client {
 

@@ -21,14 +21,14 @@
 #include "client/format.h"
 #include "client/plot.h"
 #include "client/progress.h"
+#include "common/channel.h"
 #include "common/fnv1a.h"
-#include "common/job_state.h"
 #include "common/proto_bytes.h"
 #include "common/proto_json.h"
 #include "common/record_position.h"
-#include "common/spec.h"
-#include "common/window_outcome.h"
-#include "common/worker_client.h"
+#include "core/job_state.h"
+#include "core/spec.h"
+#include "core/window_outcome.h"
 
 namespace trainstep::client {
 namespace {

@@ -24,10 +24,10 @@
 #include "absl/strings/strip.h"
 #include "common/allowed_roots.h"
 #include "common/hf_weights.h"
-#include "common/llama_config.h"
 #include "common/log.h"
 #include "common/safetensors_format.h"
 #include "common/status_macros.h"
+#include "core/llama_config.h"
 
 namespace trainstep::client {
 namespace {

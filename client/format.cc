@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/spec.h"
-#include "common/window_outcome.h"
+#include "core/spec.h"
+#include "core/window_outcome.h"
 
 namespace trainstep::client {
 namespace {

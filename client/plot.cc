@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/window_outcome.h"
+#include "core/window_outcome.h"
 
 namespace trainstep::client {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "common/spec.h"
-#include "common/window_outcome.h"
+#include "core/spec.h"
+#include "core/window_outcome.h"
 
 namespace trainstep::client {
 

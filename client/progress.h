@@ -1,6 +1,6 @@
 // ProgressTracker: turns the events of a WatchJob stream into what the live progress line
 // shows. The rates and the ETA are the coordinator's (Job.throughput: the last minute of the
-// log, common/throughput.h) when its job events carry them; otherwise they count only what
+// log, coordinator/throughput.h) when its job events carry them; otherwise they count only what
 // happened while watching: the stream first replays the job's history, which must not read as
 // a burst of throughput. Time is passed in, so the rates and the ETA are tested without
 // sleeping. Not thread-safe (one stream, one reader).

@@ -5,7 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/proto_json.h"
-#include "common/window_outcome.h"
+#include "core/window_outcome.h"
 
 namespace trainstep {
 

@@ -7,8 +7,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/spec.h"
 #include "common/status_macros.h"
+#include "core/spec.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace trainstep {

@@ -20,9 +20,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "common/crc32c.h"
 #include "common/env.h"
 #include "common/status_macros.h"
+#include "coordinator/crc32c.h"
 
 namespace trainstep {
 namespace {

@@ -1,18 +1,19 @@
-// The job's one loss-scale state machine (REFERENCE 9, 11). PyTorch GradScaler's rule,
-// computed in float32 exactly as `_amp_update_scale_` does, plus DeepSpeed's optional
-// hysteresis and a floor. Updated once per window by the step machine, never per micro-batch.
+// The job's one loss-scale state machine (docs/numerics.md, rules 9 and 11). PyTorch
+// GradScaler's rule, computed in float32 exactly as `_amp_update_scale_` does, plus DeepSpeed's
+// optional hysteresis and a floor. Updated once per window by the step machine, never per
+// micro-batch.
 #ifndef TRAINSTEP_COORDINATOR_LOSS_SCALER_H_
 #define TRAINSTEP_COORDINATOR_LOSS_SCALER_H_
 
 #include <cstdint>
 
-#include "common/spec.h"
+#include "core/spec.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/spec.pb.h"
 
 namespace trainstep {
 
-// Defaults to the spec's (common/spec.h DefaultLossScaler), disabled.
+// Defaults to the spec's (core/spec.h DefaultLossScaler), disabled.
 struct LossScalerConfig {
   bool enabled = false;
   double init_scale = DefaultLossScaler().init_scale();

@@ -1,5 +1,5 @@
 // Learning-rate schedules as pure functions of scheduler_step, the number of committed
-// updates before the one being made (REFERENCE 17). Nothing else advances them.
+// updates before the one being made (docs/numerics.md, rule 17). Nothing else advances them.
 #ifndef TRAINSTEP_COORDINATOR_LR_SCHEDULE_H_
 #define TRAINSTEP_COORDINATOR_LR_SCHEDULE_H_
 

@@ -8,7 +8,7 @@
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "common/version.h"
-#include "common/window_outcome.h"
+#include "core/window_outcome.h"
 
 namespace trainstep {
 namespace {

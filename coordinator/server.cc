@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/worker_client.h"
+#include "common/channel.h"
 
 namespace trainstep {
 namespace {

@@ -12,14 +12,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/job_state.h"
 #include "common/proto_bytes.h"
-#include "common/spec.h"
 #include "common/status_macros.h"
-#include "common/throughput.h"
-#include "common/window_outcome.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/report_validation.h"
+#include "coordinator/throughput.h"
+#include "core/job_state.h"
+#include "core/spec.h"
+#include "core/window_outcome.h"
 
 namespace trainstep {
 namespace {
@@ -123,8 +123,7 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
                          now + options.worker_lease);
   if (snap.has_dataset()) {
     m->dataset_ = snap.dataset();
-    m->planner_ =
-        std::make_unique<data::WindowPlanner>(snap.job().spec(), snap.dataset().samples());
+    m->planner_ = std::make_unique<WindowPlanner>(snap.job().spec(), snap.dataset().samples());
   }
   m->windows_per_epoch_ = snap.job().progress().windows_per_epoch();
   m->checkpoints_.clear();
@@ -191,7 +190,7 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
         dataset_ = d.dataset();
         *job_.mutable_model_config() = d.dataset().model_config();
         windows_per_epoch_ = d.windows_per_epoch();
-        planner_ = std::make_unique<data::WindowPlanner>(job_.spec(), d.dataset().samples());
+        planner_ = std::make_unique<WindowPlanner>(job_.spec(), d.dataset().samples());
       }
       membership_.AcceptDataset(d.worker_id());
       break;
@@ -891,7 +890,7 @@ absl::Status StepMachine::AcceptDataset(const std::string& worker_id, const v1::
   int64_t per_epoch = windows_per_epoch_;
   if (!dataset_.has_value()) {
     const int64_t batch = GlobalBatchSamples(job_.spec());
-    per_epoch = data::WindowPlanner(job_.spec(), d.samples()).windows_per_epoch();
+    per_epoch = WindowPlanner(job_.spec(), d.samples()).windows_per_epoch();
     if (per_epoch == 0) {
       FailJob(absl::StrFormat("the dataset has %d samples, fewer than one global batch of %d "
                               "(micro_batch_size × accumulation_steps × workers.count) with "
@@ -1731,7 +1730,7 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   v1::Assignment* a = f->mutable_assignment();
   a->set_store_prefix(absl::StrCat(job_id(), "/g", f->generation(), "/"));
 
-  // Where the replicas' state comes from (DESIGN.md "Failure semantics").
+  // Where the replicas' state comes from (docs/design.md, "Failure semantics").
   if (!holders.empty()) {
     a->set_state_source(v1::Assignment::BROADCAST);
     a->set_source_rank(0);

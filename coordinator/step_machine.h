@@ -1,4 +1,4 @@
-// StepMachine: one job's authoritative window protocol (DESIGN.md "The window
+// StepMachine: one job's authoritative window protocol (docs/design.md, "The window
 // protocol"). It owns the job's ids, loss scaler, membership and per-update log, and
 // decides every window: COMMIT, SKIP(reason) or ABORT(reason).
 //
@@ -27,14 +27,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/window_outcome.h"
 #include "coordinator/loss_scaler.h"
 #include "coordinator/membership.h"
 #include "coordinator/rank_scores.h"
+#include "core/window_outcome.h"
+#include "core/window_plan.h"
 #include "trainstep/v1/job_service.pb.h"
 #include "trainstep/v1/journal.pb.h"
 #include "trainstep/v1/worker_service.pb.h"
-#include "worker/data/window_plan.h"
 
 namespace trainstep {
 
@@ -53,7 +53,8 @@ struct MachineOptions {
   size_t recent_decisions = 8;
 };
 
-// The clip coefficient of REFERENCE/DESIGN: min(1, max_norm / (norm + 1e-6)); 1 without clipping.
+// The clip coefficient (docs/numerics.md, rule 8): min(1, max_norm / (norm + 1e-6)); 1 without
+// clipping.
 double ClipCoefficient(std::optional<double> max_grad_norm, double grad_norm);
 // Two ranks' reports of the same all-reduced gradient's norm agree (relative 1e-6).
 bool GradNormsAgree(double a, double b);
@@ -121,7 +122,7 @@ class StepMachine {
   // How many records a WatchJob stream may send: those before a commit whose evaluation is
   // still running, so that watchers get that record once, with its eval_loss.
   size_t WatchableUpdates() const;
-  // Rates over the last minute of the log and the ETA (common/throughput.h).
+  // Rates over the last minute of the log and the ETA (coordinator/throughput.h).
   v1::Throughput Throughput(absl::Time now) const;
   std::vector<v1::WorkerInfo> Workers() const;
   // The lost worker `worker_id` registered again as `by`, maybe with another job: applied by
@@ -289,7 +290,7 @@ class StepMachine {
   LossScaler scaler_;
   Membership membership_;
 
-  // Ids (DESIGN.md): last ended window, committed updates, scheduler steps, checkpoints.
+  // Ids (docs/design.md): last ended window, committed updates, scheduler steps, checkpoints.
   int64_t last_window_ = 0;
   int64_t update_id_ = 0;
   int64_t scheduler_step_ = 0;
@@ -310,7 +311,7 @@ class StepMachine {
   int64_t windows_per_epoch_ = 0;
   // The workers' data plan for this dataset: it alone decides window sizes and dropped
   // tails. Non-null iff dataset_ is set.
-  std::unique_ptr<const data::WindowPlanner> planner_;
+  std::unique_ptr<const WindowPlanner> planner_;
   // What the latest ended epoch left out under batch.tail drop (derived from last_window_).
   std::optional<v1::DroppedTail> last_dropped_tail_;
 

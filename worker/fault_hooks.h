@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "trainstep/v1/spec.pb.h"
 #include "worker/data/collate.h"
-#include "worker/replica.h"
+#include "worker/train/replica.h"
 
 namespace trainstep {
 

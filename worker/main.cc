@@ -14,11 +14,11 @@
 #include "common/port_file.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
-#include "worker/device.h"
-#include "worker/generate.h"
-#include "worker/host_setup.h"
-#include "worker/malloc_config.h"
+#include "worker/host/host_setup.h"
+#include "worker/host/malloc_config.h"
 #include "worker/metrics.h"
+#include "worker/train/device.h"
+#include "worker/train/generate.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(std::string, coordinator, "",

@@ -14,18 +14,18 @@
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/log.h"
-#include "common/spec.h"
 #include "common/status_macros.h"
-#include "worker/bf16_probe.h"
+#include "core/spec.h"
 #include "worker/checkpoint/checkpoint_dir.h"
-#include "worker/coordinator_link.h"
 #include "worker/data/collate.h"
-#include "worker/device.h"
 #include "worker/fault_hooks.h"
-#include "worker/generate.h"
-#include "worker/loss.h"
+#include "worker/host/bf16_probe.h"
+#include "worker/link/coordinator_link.h"
 #include "worker/models/llama.h"
-#include "worker/torch_status.h"
+#include "worker/train/device.h"
+#include "worker/train/generate.h"
+#include "worker/train/loss.h"
+#include "worker/train/torch_status.h"
 
 namespace trainstep {
 namespace {
@@ -193,7 +193,7 @@ absl::Status Worker::Setup() {
     }
     eval_dataset_ = std::move(*e);
   }
-  planner_ = std::make_unique<data::WindowPlanner>(spec_, dataset_->size());
+  planner_ = std::make_unique<WindowPlanner>(spec_, dataset_->size());
   v1::DatasetInfo dataset;
   dataset.set_samples(dataset_->size());
   dataset.set_fingerprint(dataset_->fingerprint());
@@ -652,8 +652,8 @@ void Worker::ApplyDecision(const v1::WindowDecision& d) {
 absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
   const absl::Time start = absl::Now();
   const std::vector<std::vector<int64_t>> micro_batches =
-      data::EvalMicroBatches(eval_dataset_->size(), spec_.batch().micro_batch_size(),
-                             spec_.eval().max_batches(), a.rank(), a.world_size());
+      EvalMicroBatches(eval_dataset_->size(), spec_.batch().micro_batch_size(),
+                       spec_.eval().max_batches(), a.rank(), a.world_size());
   double loss_sum = 0.0;
   int64_t units = 0;
   for (const std::vector<int64_t>& mb : micro_batches) {

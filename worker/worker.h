@@ -16,16 +16,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/allowed_roots.h"
-#include "common/worker_client.h"
-#include "worker/checkpoint_writer.h"
+#include "core/window_plan.h"
+#include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/collective/collective.h"
-#include "worker/coordinator_link.h"
-#include "worker/cpu_info.h"
 #include "worker/data/dataset.h"
-#include "worker/data/window_plan.h"
 #include "worker/fault_hooks.h"
+#include "worker/host/cpu_info.h"
+#include "worker/link/coordinator_link.h"
+#include "worker/link/worker_client.h"
 #include "worker/metrics.h"
-#include "worker/replica.h"
+#include "worker/train/replica.h"
 
 namespace trainstep {
 
@@ -181,7 +181,7 @@ class Worker {
   std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
   // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.
   std::optional<std::pair<int64_t, double>> last_eval_;
-  std::unique_ptr<data::WindowPlanner> planner_;
+  std::unique_ptr<WindowPlanner> planner_;
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<CheckpointWriter> checkpoints_;  // rank 0 writes; set by Setup()

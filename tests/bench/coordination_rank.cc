@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/worker_client.h"
+#include "common/channel.h"
 #include "tests/integration/simulated_worker.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 

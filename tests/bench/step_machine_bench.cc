@@ -3,8 +3,8 @@
 #include <benchmark/benchmark.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
 #include "coordinator/step_machine.h"
+#include "core/spec.h"
 
 namespace trainstep {
 namespace {

@@ -10,10 +10,10 @@
 #include <random>
 #include <string>
 
-#include "common/spec.h"
-#include "common/xxh64.h"
+#include "core/spec.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokens.h"
+#include "worker/data/xxh64.h"
 
 namespace trainstep::data {
 namespace {

@@ -1,4 +1,4 @@
-// The worked numbers of REFERENCE.md as unit tests of the pieces that produce them: the
+// The worked numbers of docs/numerics.md as unit tests of the pieces that produce them: the
 // worker's backward multiplier, unscale and norm, and the coordinator's clip coefficient,
 // held against torch::nn::utils::clip_grad_norm_.
 #include <gtest/gtest.h>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "coordinator/step_machine.h"
-#include "worker/amp.h"
-#include "worker/loss.h"
+#include "worker/train/amp.h"
+#include "worker/train/loss.h"
 
 namespace trainstep {
 namespace {

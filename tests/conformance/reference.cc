@@ -9,11 +9,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
+#include "core/spec.h"
+#include "core/window_plan.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
-#include "worker/data/window_plan.h"
 #include "worker/models/model.h"
 
 namespace trainstep::conformance {
@@ -79,7 +79,7 @@ absl::StatusOr<ReferenceRun> RunOrThrow(const std::string& spec_json,
   RecordModelVocabulary(model, spec);
   absl::StatusOr<data::Dataset> dataset = data::Dataset::Load(spec);
   if (!dataset.ok()) return dataset.status();
-  const data::WindowPlanner planner(spec, dataset->size());
+  const WindowPlanner planner(spec, dataset->size());
   model.SetTraining(true);
   const bool token_level = dataset->token_level();
 

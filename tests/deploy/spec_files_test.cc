@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/spec.h"
+#include "core/spec.h"
 
 namespace trainstep {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
+#include "core/spec.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "worker/data/dataset.h"
 

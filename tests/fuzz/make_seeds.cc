@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/crc32c.h"
-#include "common/spec.h"
+#include "coordinator/crc32c.h"
 #include "coordinator/journal.h"
+#include "core/spec.h"
 #include "tests/unit/coordinator/fault_injection_env.h"
 #include "tests/unit/coordinator/machine_test_util.h"
 #include "worker/checkpoint/checkpoint_meta.h"

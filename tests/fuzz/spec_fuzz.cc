@@ -1,4 +1,4 @@
-// Fuzzes the JobSpec JSON parser and resolver (common/spec.h) with arbitrary bytes as a spec,
+// Fuzzes the JobSpec JSON parser and resolver (core/spec.h) with arbitrary bytes as a spec,
 // checking the contracts spec.h states: errors are INVALID_ARGUMENT; printing a parsed spec
 // reads back to the same message; resolving is idempotent; the hash is a function of the
 // resolved spec.
@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/spec.h"
+#include "core/spec.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace trainstep {

@@ -24,8 +24,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/spec.h"
 #include "coordinator/step_machine.h"
+#include "core/spec.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace trainstep {

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/spec.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/loss_scaler.h"
 #include "coordinator/server.h"
+#include "core/spec.h"
 #include "tests/integration/simulated_worker.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 

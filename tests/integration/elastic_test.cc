@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/job_state.h"
+#include "core/job_state.h"
 #include "tests/integration/cluster_test.h"
 #include "tests/integration/final_weights.h"
 #include "tests/integration/process_cluster.h"

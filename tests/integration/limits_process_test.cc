@@ -12,8 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
-#include "common/worker_client.h"
 #include "tests/integration/process_cluster.h"
 #include "trainstep/v1/worker_service.grpc.pb.h"
 

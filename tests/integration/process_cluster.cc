@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
-#include "common/worker_client.h"
 
 extern char** environ;
 

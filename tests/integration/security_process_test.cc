@@ -16,11 +16,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/tls.h"
-#include "common/worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/observability/observability_util.h"
+#include "worker/link/worker_client.h"
 
 namespace trainstep {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/worker_client.h"
+#include "worker/link/worker_client.h"
 
 namespace trainstep::testing {
 

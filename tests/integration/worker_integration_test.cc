@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/job_state.h"
+#include "core/job_state.h"
 #include "tests/integration/cluster_test.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/integration/torchscript_fixture.h"

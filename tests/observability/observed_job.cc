@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
-#include "common/worker_client.h"
 
 namespace trainstep::obs {
 namespace {

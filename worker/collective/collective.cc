@@ -13,8 +13,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "worker/collective/coordinator_store.h"
-#include "worker/device.h"
-#include "worker/torch_status.h"
+#include "worker/train/device.h"
+#include "worker/train/torch_status.h"
 
 namespace trainstep {
 namespace {

@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/worker_client.h"
 #include "trainstep/v1/worker_service.pb.h"
+#include "worker/link/worker_client.h"
 
 // LibTorch 2.x made ProcessGroupGloo / ProcessGroupNCCL c10d::Backends (a ProcessGroup now
 // wraps backends); in 1.13 they are ProcessGroups. The worker holds the Gloo or NCCL object

@@ -9,7 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "common/worker_client.h"
+#include "worker/link/worker_client.h"
 
 namespace trainstep {
 

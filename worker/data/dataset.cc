@@ -18,11 +18,11 @@
 #include "absl/strings/strip.h"
 #include "common/env.h"
 #include "common/fnv1a.h"
-#include "common/spec.h"
 #include "common/status_macros.h"
+#include "core/random.h"
+#include "core/spec.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "worker/data/random.h"
 #include "worker/data/tokens.h"
 
 namespace trainstep::data {

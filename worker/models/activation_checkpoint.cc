@@ -9,7 +9,7 @@
 #include <mutex>
 #include <utility>
 
-#include "worker/amp.h"
+#include "worker/train/amp.h"
 
 namespace trainstep {
 namespace {

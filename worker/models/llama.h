@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/allowed_roots.h"
 #include "common/hf_weights.h"
-#include "common/llama_config.h"
+#include "core/llama_config.h"
 #include "trainstep/v1/spec.pb.h"
 #include "worker/models/model.h"
 

@@ -13,13 +13,13 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
 #include "common/status_macros.h"
+#include "core/spec.h"
 #include "worker/models/activation_checkpoint.h"
 #include "worker/models/llama.h"
 #include "worker/models/model.h"
 #include "worker/models/weights_load.h"
-#include "worker/torch_status.h"
+#include "worker/train/torch_status.h"
 
 namespace trainstep {
 namespace {

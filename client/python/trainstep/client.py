@@ -30,10 +30,10 @@ from trainstep._convert import message_to_dict, record_to_dict, spec_to_json
 
 # Same as the CLI and the workers (common/address.h kDefaultCoordinator).
 DEFAULT_ADDRESS = "127.0.0.1:7070"
-# The coordinator's receive limit (common/worker_client.h kMaxMessageBytes).
+# The coordinator's receive limit (common/channel.h kMaxMessageBytes).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-# The channel of the C++ clients (common/worker_client.cc MakeChannel): keepalive 30 s /
+# The channel of the C++ clients (common/channel.cc MakeChannel): keepalive 30 s /
 # 10 s, quick reconnection after a coordinator restart, gRPC's transparent retries (on by
 # default). Their service-config retry policy (UNAVAILABLE, 5 attempts) is replaced by
 # Client's own loop, which retries the same codes until the call's timeout: inside the

@@ -182,7 +182,7 @@ def worker(rank, args, spec, port):
 
 def loaded_blas():
     """The BLAS library this process mapped, found as trainstep-worker finds it
-    (worker/cpu_info.cc FindBlas): an OpenBLAS library, else the libblas.so it loaded."""
+    (worker/host/cpu_info.cc FindBlas): an OpenBLAS library, else the libblas.so it loaded."""
     paths = []
     with open("/proc/self/maps") as f:
         for line in f:

@@ -25,14 +25,14 @@
 #include "absl/strings/str_format.h"
 #include "common/env.h"
 #include "common/flags.h"
-#include "common/spec.h"
-#include "worker/amp.h"
+#include "core/spec.h"
+#include "core/window_plan.h"
 #include "worker/data/collate.h"
 #include "worker/data/dataset.h"
-#include "worker/data/window_plan.h"
-#include "worker/host_setup.h"
-#include "worker/malloc_config.h"
+#include "worker/host/host_setup.h"
+#include "worker/host/malloc_config.h"
 #include "worker/models/model.h"
+#include "worker/train/amp.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec (JSON), the one trainstep runs");
 ABSL_FLAG(int64_t, windows, 0, "windows to train (default: the spec's stop.max_updates)");
@@ -112,7 +112,7 @@ int Run(int argc, char** argv) {
     std::cerr << dataset.status() << "\n";
     return 2;
   }
-  data::WindowPlanner planner(*spec, dataset->size());
+  WindowPlanner planner(*spec, dataset->size());
   const int world = spec->workers().count();
   int64_t windows = absl::GetFlag(FLAGS_windows);
   if (windows <= 0) windows = spec->stop().max_updates();
@@ -155,7 +155,7 @@ int Run(int argc, char** argv) {
       at::Tensor labels = ToLongTensor(mb.labels, mb.rows, mb.length);
       at::Tensor logits;
       {
-        // The worker's scope (worker/amp.h): LibTorch's autocast switches differ by version.
+        // The worker's scope (worker/train/amp.h): LibTorch's autocast switches differ by version.
         AutocastScope autocast(spec->precision(), at::kCPU);
         logits = (*model)->Forward(input);
       }

@@ -14,7 +14,7 @@ bench/plain_loop_bench). Every system gets one compute thread per process and th
 1 in (a), the worker's own thread setup; torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1
 in (b); --blas-dir puts one BLAS first on every system's LD_LIBRARY_PATH, and each row says
 which library each system loaded) and the same glibc malloc settings (the worker's
-ConfigureMallocForTraining in worker/malloc_config.h: by mallopt in the worker and in (a),
+ConfigureMallocForTraining in worker/host/malloc_config.h: by mallopt in the worker and in (a),
 by MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ in (b)). Steady state: tokens of windows
 skip+1..N over end_time_ms[N] - end_time_ms[skip], the same range for every system.
 Each repetition runs the systems one after another in a rotated order; a measurement during
@@ -45,7 +45,7 @@ import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TORCH_PYTHON = "/usr/bin/python3"
-# worker/malloc_config.h's mallopt settings, as glibc's environment variables.
+# worker/host/malloc_config.h's mallopt settings, as glibc's environment variables.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 

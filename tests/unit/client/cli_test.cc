@@ -23,12 +23,12 @@
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "common/clock.h"
-#include "common/spec.h"
-#include "common/worker_client.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/server.h"
+#include "core/spec.h"
 #include "tests/integration/simulated_worker.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
+#include "worker/link/worker_client.h"
 
 namespace trainstep::client {
 namespace {

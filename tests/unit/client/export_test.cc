@@ -35,8 +35,8 @@
 #include "client/args.h"
 #include "client/cli.h"
 #include "common/env.h"
-#include "common/llama_config.h"
 #include "common/safetensors_format.h"
+#include "core/llama_config.h"
 
 namespace trainstep::client {
 namespace {

@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/commands.h"
 #include "client/format.h"
-#include "common/worker_client.h"
+#include "common/channel.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 
 namespace trainstep::client {

@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/crc32c.h"
+#include "coordinator/crc32c.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/fault_injection_env.h"

@@ -158,7 +158,7 @@ TEST(LossScalerTest, MinScaleFloor) {
 }
 
 // Catches: a disabled scaler (fp32/bf16) that reports S != 1 or changes on updates
-// (REFERENCE 12: bf16 runs with S = 1).
+// (docs/numerics.md, rule 12: bf16 runs with S = 1).
 TEST(LossScalerTest, DisabledIsAlwaysOne) {
   LossScalerConfig c;  // enabled = false
   LossScaler s(c);

@@ -15,9 +15,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/spec.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/step_machine.h"
+#include "core/spec.h"
 #include "gtest/gtest.h"
 
 namespace trainstep {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/window_outcome.h"
 #include "coordinator/lr_schedule.h"
+#include "core/window_outcome.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -433,7 +433,8 @@ TEST(StepMachineTest, CommitAdvancesIdsTogether) {
 }
 
 // Catches: an overflow window that advances update id / scheduler / tokens / checkpoints, a
-// scale not backed off, or backed off more than once (REFERENCE 10, worked example 4).
+// scale not backed off, or backed off more than once (docs/numerics.md, rule 10 and the last
+// worked example).
 TEST(StepMachineTest, OverflowSkipsAndBacksOffOnce) {
   SimulatedRanks sim(ResolvedSpec(WithCheckpoints(1, Fp16(1024))));
   sim.Start(2);
@@ -466,7 +467,7 @@ TEST(StepMachineTest, OverflowSkipsAndBacksOffOnce) {
 }
 
 // Catches: bf16 (or fp32) running with a scale other than 1, or an overflow that changes
-// a disabled scaler (REFERENCE 12).
+// a disabled scaler (docs/numerics.md, rule 12).
 TEST(StepMachineTest, Bf16RunsWithoutScaler) {
   SpecOptions o;
   o.precision = "bf16";
@@ -739,7 +740,7 @@ TEST(StepMachineTest, NonfiniteLossSkips) {
 }
 
 // Catches: the logged loss as a mean of per-rank means (0.5a + 0.5b) instead of
-// Σ loss_sum / N (0.1a + 0.9b) — REFERENCE 1/19, the 100/900 tokens example.
+// Σ loss_sum / N (0.1a + 0.9b) — docs/numerics.md, rules 1 and 19, the 100/900 tokens example.
 TEST(StepMachineTest, LossIsTokenWeighted) {
   SimulatedRanks sim(ResolvedSpec({}));
   sim.Start(2);
@@ -2567,7 +2568,7 @@ TEST(StepMachineTest, ReportsAfterTheJobEnded) {
 }
 
 // ---------------------------------------------------------------------------------------
-// REFERENCE worked numbers that belong to the coordinator
+// The worked numbers of docs/numerics.md that belong to the coordinator
 
 // Catches: clipping against the scaled norm (S·‖g‖ = 16 → coefficient 1/16, the update nearly
 // erased) instead of the unscaled norm the workers report (2.0 → 0.5, clipped norm 1.0).

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "common/spec.h"
+#include "core/spec.h"
 
 namespace trainstep {
 namespace {

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
-#include "common/spec.h"
+#include "core/spec.h"
 
 namespace trainstep {
 namespace {

@@ -283,14 +283,14 @@ class ClientTest(unittest.TestCase):
 
     # Catches: a default address, message limit or channel behaviour (keepalive, reconnect
     # backoff, which codes are retried) that differs from the C++ clients' (common/address.h,
-    # common/worker_client.*).
+    # common/channel.*).
     def test_defaults_are_the_cpp_clients(self):
         with open(os.path.join(SOURCE_DIR, "common", "address.h")) as f:
             self.assertIn(f'kDefaultCoordinator[] = "{trainstep.DEFAULT_ADDRESS}"', f.read())
-        with open(os.path.join(SOURCE_DIR, "common", "worker_client.h")) as f:
+        with open(os.path.join(SOURCE_DIR, "common", "channel.h")) as f:
             factors = re.search(r"kMaxMessageBytes = ([\d *]+);", f.read()).group(1).split("*")
         self.assertEqual(client_module.MAX_MESSAGE_BYTES, math.prod(int(x) for x in factors))
-        with open(os.path.join(SOURCE_DIR, "common", "worker_client.cc")) as f:
+        with open(os.path.join(SOURCE_DIR, "common", "channel.cc")) as f:
             cc = f.read()
         service_config = re.search(r'kServiceConfig\[\] = R"\((.*?)\)";', cc, re.S).group(1)
         policy = json.loads(service_config)["methodConfig"][0]["retryPolicy"]

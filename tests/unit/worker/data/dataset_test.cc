@@ -13,12 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/spec.h"
+#include "core/random.h"
+#include "core/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/data/temp_dir.h"
 #include "worker/data/collate.h"
-#include "worker/data/random.h"
 
 namespace trainstep::data {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
+#include "core/spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/data/temp_dir.h"

@@ -7,9 +7,9 @@
 
 #include <vector>
 
-#include "common/llama_config.h"
-#include "worker/amp.h"
+#include "core/llama_config.h"
 #include "worker/models/llama.h"
+#include "worker/train/amp.h"
 
 namespace trainstep {
 namespace {

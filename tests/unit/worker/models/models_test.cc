@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec.h"
+#include "core/spec.h"
 #include "tests/integration/torchscript_fixture.h"
 #include "worker/models/model.h"
 
