@@ -6,13 +6,13 @@
 // another enum, a default that moved) that would make an upgraded coordinator rebuild a
 // different job from the same files. The files are never rewritten: they are the promise.
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/env.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/journal.h"
@@ -27,9 +27,9 @@ namespace {
 constexpr char kDir[] = "/state";
 
 std::string ReadTestData(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFile(path.string());
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? *std::move(bytes) : std::string();
 }
 
 // The job a coordinator restarted on the fixture's files holds: the journal's files copied
