@@ -33,7 +33,7 @@ const Histogram::BucketBoundaries& IntervalBuckets() {
 
 std::string Lower(absl::string_view s) { return absl::AsciiStrToLower(std::string(s)); }
 
-// The reasons step_machine.cc gives a skip or an abort: each job's series start at 0 for them.
+// The reasons the step machine gives a skip or an abort: each job's series start at 0 for them.
 struct ReasonSeries {
   v1::WindowOutcome outcome;
   v1::WindowReason reason;

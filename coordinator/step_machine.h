@@ -2,6 +2,11 @@
 // protocol"). It owns the job's ids, loss scaler, membership and per-update log, and
 // decides every window: COMMIT, SKIP(reason) or ABORT(reason).
 //
+// One class, defined one concept per file: step_machine.cc (construction, the outbox, the
+// job's end) and step_machine/: replay.cc (Apply, CheckFollows, Restore, Snapshot),
+// job_view.cc, worker_calls.cc, generations.cc, window_barrier.cc, decision.cc, rerun.cc,
+// eval_checkpoint.cc and deadlines.cc (leases, grace periods, the rendezvous-key guard).
+//
 // Pure: no gRPC, no threads, no I/O, no clock. Every call takes `now`. Every durable
 // change is made the same way: decide → build a journal record → Apply(record). The
 // records are collected in an outbox the caller drains (TakeRecords) and journals
