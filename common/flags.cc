@@ -80,6 +80,8 @@ std::string FlagEntry(const absl::CommandLineFlag& flag) {
     value = " NUMBER";
   } else if (flag.IsOfType<std::string>()) {
     value = " VALUE";
+  } else if (flag.IsOfType<std::vector<std::string>>()) {
+    value = " LIST";
   } else {
     value = " N";
   }
@@ -92,10 +94,6 @@ std::string FlagEntry(const absl::CommandLineFlag& flag) {
 }
 
 }  // namespace
-
-bool IsTestOnlyFlag(const absl::CommandLineFlag& flag) {
-  return absl::StartsWith(flag.Help(), "TEST ONLY") || absl::StartsWith(flag.Name(), "debug_");
-}
 
 std::vector<const absl::CommandLineFlag*> BinaryFlags() {
   std::vector<const absl::CommandLineFlag*> own;
@@ -111,11 +109,9 @@ std::vector<const absl::CommandLineFlag*> BinaryFlags() {
 
 std::string HelpText(const BinaryHelp& help, const std::vector<const absl::CommandLineFlag*>& own) {
   std::string s = absl::StrCat(help.summary, "\n\nUsage:\n", help.usage, "\n");
-  const auto find = [&own](absl::string_view name) -> const absl::CommandLineFlag* {
-    for (const absl::CommandLineFlag* f : own) {
-      if (f->Name() == name && !IsTestOnlyFlag(*f)) return f;
-    }
-    return nullptr;
+  // A group may name any flag of the binary, its own or one a library it links defines.
+  const auto find = [](absl::string_view name) -> const absl::CommandLineFlag* {
+    return absl::FindCommandLineFlag(name);
   };
   std::set<absl::string_view> listed;
   std::vector<std::pair<std::string, std::vector<const absl::CommandLineFlag*>>> groups;
@@ -130,7 +126,7 @@ std::string HelpText(const BinaryHelp& help, const std::vector<const absl::Comma
   }
   groups.push_back({"Other flags", {}});
   for (const absl::CommandLineFlag* f : own) {
-    if (!IsTestOnlyFlag(*f) && listed.count(f->Name()) == 0) groups.back().second.push_back(f);
+    if (listed.count(f->Name()) == 0) groups.back().second.push_back(f);
   }
   for (const auto& [title, flags] : groups) {
     if (flags.empty()) continue;
@@ -141,7 +137,7 @@ std::string HelpText(const BinaryHelp& help, const std::vector<const absl::Comma
   absl::StrAppend(&s,
                   "Flags may be written --like-this or --like_this, with a value after a space "
                   "or\nan '=' (booleans: --flag or --flag=false). -h, --help prints this; "
-                  "--helpfull\nlists every flag, libraries' and test hooks too.\n\n");
+                  "--helpfull\nlists every flag, libraries' too.\n\n");
   if (!help.environment.empty()) absl::StrAppend(&s, "Environment:\n", help.environment, "\n");
   absl::StrAppend(&s, "Exit codes:\n", help.exit_codes, "\nExample:\n", help.example);
   return s;

@@ -18,7 +18,7 @@ namespace trainstep {
 std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::vector<char*>* argv_out);
 
 // Sets the usage message of Abseil's own --helpfull, which lists every flag of the binary,
-// its libraries' and the test hooks too.
+// its libraries' too.
 void ConfigureUsage(const std::string& usage);
 
 // One heading of a server binary's --help and the flags under it, by their declared
@@ -39,16 +39,11 @@ struct BinaryHelp {
   std::string example;      // command lines
 };
 
-// A test hook: its help starts with "TEST ONLY" or its name with "debug_". --help never lists
-// one (--helpfull does).
-bool IsTestOnlyFlag(const absl::CommandLineFlag& flag);
-
 // The flags the binary defines itself (in a file named main.cc), sorted by name.
 std::vector<const absl::CommandLineFlag*> BinaryFlags();
 
-// The --help text: the `own` flags under their groups as --kebab-names, an own flag that no
-// group names under "Other flags" (so a new one is listed before it is grouped), test hooks
-// nowhere.
+// The --help text: each group's flags (any of the binary's) as --kebab-names, then an `own`
+// flag that no group names under "Other flags" (so a new one is listed before it is grouped).
 std::string HelpText(const BinaryHelp& help, const std::vector<const absl::CommandLineFlag*>& own);
 
 // Whether the line asks for help: -h, --help or --helpshort (one dash too) before a bare "--".

@@ -688,22 +688,6 @@ absl::Status ResolveValidate(v1::JobSpec& out) {
   return absl::OkStatus();
 }
 
-absl::Status ResolveDebug(v1::JobSpec& out) {
-  const v1::Debug& debug = *out.mutable_debug();
-  std::map<int64_t, int> seen;
-  for (int i = 0; i < debug.nonfinite_grad_windows_size(); ++i) {
-    const int64_t window = debug.nonfinite_grad_windows(i);
-    const std::string path = absl::StrCat("debug.nonfinite_grad_windows[", i, "]");
-    RETURN_IF_ERROR(IntAtLeast(path, window, 1));
-    auto [it, inserted] = seen.emplace(window, i);
-    if (!inserted) {
-      return Invalid(absl::StrCat(path, " must be unique, got ", window,
-                                  " (also at debug.nonfinite_grad_windows[", it->second, "])"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // After the model and the data: the held-out data must suit the resolved model as the
 // training data does, and be of the same level (token or sample), or the losses differ.
 absl::Status ResolveEval(v1::JobSpec& out) {
@@ -813,7 +797,6 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveWorkers(out));
   RETURN_IF_ERROR(ResolveStragglers(out));
   RETURN_IF_ERROR(ResolveValidate(out));
-  RETURN_IF_ERROR(ResolveDebug(out));
   RETURN_IF_ERROR(ResolveEval(out));
   return out;
 }

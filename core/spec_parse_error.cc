@@ -234,6 +234,13 @@ absl::Status RewriteParseError(absl::string_view json, absl::string_view message
   constexpr absl::string_view kUnknown = ": Cannot find field.";
   if (absl::EndsWith(rest, kUnknown)) {
     const absl::string_view name = rest.substr(0, rest.size() - kUnknown.size());
+    if (location.empty() && name == "debug") {
+      // A test hook that left the spec: say where it went rather than list the fields.
+      return absl::InvalidArgumentError(
+          "debug: no longer a spec field; faults are injected by the testing worker's flags "
+          "(build/bin/testing/trainstep-worker --debug-nonfinite-grad-windows=W,…; "
+          "docs/development.md)");
+    }
     const pb::Descriptor* parent = MessageAt(location);
     if (parent == nullptr) return generic();
     return absl::InvalidArgumentError(

@@ -14,6 +14,7 @@
 #include "common/port_file.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
+#include "worker/faults/fault_flags.h"
 #include "worker/host/host_setup.h"
 #include "worker/host/malloc_config.h"
 #include "worker/metrics.h"
@@ -68,28 +69,6 @@ ABSL_FLAG(bool, pipeline_begin, true,
           "call per window. false: each window's BeginWindow is sent when the window starts, "
           "e.g. to compare or rule it out");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
-ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
-          "TEST ONLY: perturb this worker's gradient in that window so replicas desync");
-ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
-          "TEST ONLY: exit (code 3) during the evaluation of that update, after computing the "
-          "held-out loss and before reporting it: a rank lost during an evaluation");
-ABSL_FLAG(std::string, debug_hold_file, "",
-          "TEST ONLY: before each window, wait while this file exists (at most 300 s; heartbeats "
-          "go on): a test holds training while it arranges a fault");
-ABSL_FLAG(double, debug_slow_factor, 1.0,
-          "TEST ONLY: this worker computes this many times slower (it sleeps after each "
-          "micro-step for (factor - 1) times the micro-step's time): a straggler, 1 = not slowed");
-ABSL_FLAG(int64_t, debug_flip_grad_window, 0,
-          "TEST ONLY: in that window's first run, +inf into one element of this worker's local "
-          "gradient before the all-reduce (a transient fault; spec.validate re-runs the window)");
-ABSL_FLAG(std::string, debug_flip_grad_file, "",
-          "TEST ONLY: when this file exists at a window's first run, remove it and flip that "
-          "window's gradient as --debug-flip-grad-window does (a fault at a time a test picks)");
-ABSL_FLAG(int64_t, debug_flip_loss_window, 0,
-          "TEST ONLY: in that window's first run, report a NaN loss (a transient fault)");
-ABSL_FLAG(int64_t, debug_poison_sample, -1,
-          "TEST ONLY: overwrite that sample's features with NaN whenever this worker reads it "
-          "(a corrupt record: a persistent fault; synthetic_regression data only)");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"metrics_port\": N} here once the metrics endpoint listens");
 ABSL_FLAG(bool, generate, false,
@@ -103,8 +82,6 @@ ABSL_FLAG(int32_t, threads, 0,
           "this process's cores / $LOCAL_WORLD_SIZE (workers on this host, default 1)");
 ABSL_FLAG(bool, host_info, false,
           "do not train: print this host's CPU, native bf16, BLAS and threads as JSON and exit");
-ABSL_FLAG(std::string, debug_cpuinfo, "",
-          "TEST ONLY: read the CPU's description from this file instead of /proc/cpuinfo");
 
 namespace trainstep {
 namespace {
@@ -129,6 +106,7 @@ BinaryHelp WorkerHelp() {
       {"Other modes (print, then exit; no training)",
        {"host_info", "generate", "checkpoint", "prompt", "tokens", "temperature"}},
   };
+  for (FlagGroup& g : TestFlagGroups()) h.groups.push_back(std::move(g));
   h.environment =
       "  TRAINSTEP_COORDINATOR   default for --coordinator\n"
       "  TRAINSTEP_TLS_CA, TRAINSTEP_TLS_CERT, TRAINSTEP_TLS_KEY\n"
@@ -207,9 +185,10 @@ absl::StatusOr<AllowedRoots> AllowedRootsFromFlags(const ChannelSecurity& securi
 }
 
 // Everything but the metrics, which StartMetrics adds.
-absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
+absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host, const TestHooks& hooks) {
   WorkerOptions options;
   options.cpu = host.cpu;
+  options.faults = hooks.faults;
   options.coordinator = CoordinatorFromFlags();
   ChannelSecurityFlags security;
   security.tls_ca = absl::GetFlag(FLAGS_tls_ca);
@@ -226,18 +205,6 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host) {
   options.name = absl::GetFlag(FLAGS_name);
   ASSIGN_OR_RETURN(options.allowed_roots,
                    AllowedRootsFromFlags(options.coordinator_security, security.token_file));
-  options.faults.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
-  options.faults.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
-  options.faults.hold_file = absl::GetFlag(FLAGS_debug_hold_file);
-  options.faults.slow_factor = absl::GetFlag(FLAGS_debug_slow_factor);
-  if (!(options.faults.slow_factor >= 1.0 && options.faults.slow_factor <= 100.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--debug-slow-factor must be between 1 and 100, got ", options.faults.slow_factor));
-  }
-  options.faults.flip_grad_window = absl::GetFlag(FLAGS_debug_flip_grad_window);
-  options.faults.flip_loss_window = absl::GetFlag(FLAGS_debug_flip_loss_window);
-  options.faults.flip_grad_file = absl::GetFlag(FLAGS_debug_flip_grad_file);
-  options.faults.poison_sample = absl::GetFlag(FLAGS_debug_poison_sample);
   options.overlap_allreduce = absl::GetFlag(FLAGS_overlap_allreduce);
   options.pipeline_begin = absl::GetFlag(FLAGS_pipeline_begin);
   options.collective.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
@@ -288,12 +255,14 @@ int RunWorker(WorkerOptions options) {
 int Main(int argc, char** argv) {
   // Before the first tensor: steady-state micro-steps then reuse heap memory (malloc_config.h).
   ConfigureMallocForTraining();
+  if (absl::Status s = RefuseTestFlagsUnlessTesting(argc, argv); !s.ok()) return Fail(s.message());
   if (absl::Status s = ParseCommandLineAndLogFormat(argc, argv, WorkerHelp(), FLAGS_log_format);
       !s.ok()) {
     return Fail(s.message());
   }
-  absl::StatusOr<HostSetup> host =
-      SetUpHost(absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_debug_cpuinfo));
+  absl::StatusOr<TestHooks> hooks = TestHooksFromFlags();
+  if (!hooks.ok()) return Fail(hooks.status().message());
+  absl::StatusOr<HostSetup> host = SetUpHost(absl::GetFlag(FLAGS_threads), hooks->cpuinfo_file);
   if (!host.ok()) return Fail(host.status().message());
   if (absl::GetFlag(FLAGS_host_info)) {
     std::cout << HostJson(*host) << std::endl;
@@ -303,7 +272,7 @@ int Main(int argc, char** argv) {
 
   LogInfo(DescribeHost(*host));
   for (const std::string& w : HostWarnings(*host)) LogWarning(w);
-  absl::StatusOr<WorkerOptions> options = OptionsFromFlags(*host);
+  absl::StatusOr<WorkerOptions> options = OptionsFromFlags(*host, *hooks);
   if (!options.ok()) return Fail(options.status().message());
   absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics = StartMetrics();
   if (!metrics.ok()) return Fail(metrics.status().message());

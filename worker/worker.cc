@@ -18,7 +18,6 @@
 #include "core/spec.h"
 #include "worker/checkpoint/checkpoint_dir.h"
 #include "worker/data/collate.h"
-#include "worker/fault_hooks.h"
 #include "worker/host/bf16_probe.h"
 #include "worker/link/coordinator_link.h"
 #include "worker/models/llama.h"
@@ -135,7 +134,6 @@ absl::Status Worker::Setup() {
   };
   job_id_ = link_->job_id();
   spec_ = link_->spec();
-  faults_ = std::make_unique<FaultHooks>(spec_.debug(), options_.faults);
   // Before anything reads or writes a path of the spec: it comes from whoever submitted it.
   absl::StatusOr<AllowedRoots> roots = options_.allowed_roots.ForOwner(link_->owner());
   absl::Status paths = roots.ok() ? CheckSpecPaths(spec_, *roots) : roots.status();
@@ -216,10 +214,7 @@ absl::Status Worker::Setup() {
 }
 
 absl::Status Worker::PromiseReproducibleWindows() {
-  if (options_.faults.poison_sample >= 0 && IsTokenLevel(spec_)) {
-    return absl::InvalidArgumentError(
-        "--debug-poison-sample needs sample-level data (synthetic_regression)");
-  }
+  RETURN_IF_ERROR(options_.faults->CheckJob(IsTokenLevel(spec_)));
   if (!Validates()) return absl::OkStatus();
   // On CPU a window's kernels, threads and reduction order are those of its first run (the
   // built-in models draw no random numbers). On CUDA cuBLAS and some kernels pick algorithms
@@ -480,10 +475,11 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
   ASSIGN_OR_RETURN(run.loss_sum,
                    RunMicroSteps(a, micro_batches, b.global_valid_units(), scale, &run.times,
                                  pending != nullptr ? &on_ready : nullptr));
-  run.loss_sum = faults_->AfterMicroSteps(window_id, run_number, run.loss_sum);
+  run.loss_sum = options_.faults->AfterMicroSteps(window_id, run_number, run.loss_sum);
   const absl::Time backward_end = absl::Now();
   // Only a window that does not overlap: its gradients change before any bucket leaves.
-  if (pending == nullptr) faults_->BeforeAllReduce(window_id, a.rank(), run_number, *replica_);
+  if (pending == nullptr)
+    options_.faults->BeforeAllReduce(window_id, a.rank(), run_number, *replica_);
   // What this rank computed, before the sum mixes it with the others' (validate never
   // overlaps: the whole local gradient exists here).
   if (Validates()) run.grad_checksum = replica_->GradientChecksum();
@@ -509,7 +505,7 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
                                  : 0.0;
   }
   pending.reset();
-  if (run_number == 1) faults_->AfterAllReduce(window_id, scale, *replica_);
+  if (run_number == 1) options_.faults->AfterAllReduce(window_id, scale, *replica_);
   run.check = replica_->UnscaleAndNorm(scale);
   run.number = run_number;
   return run;
@@ -557,7 +553,7 @@ absl::StatusOr<std::vector<v1::SampleLoss>> Worker::SampleLosses(
   for (const std::vector<int64_t>& mb : micro_batches) {
     for (const int64_t id : mb) {
       data::MicroBatch one = data::Collate(*dataset_, {id});
-      faults_->PoisonSamples({id}, one);
+      options_.faults->PoisonSamples({id}, one);
       ASSIGN_OR_RETURN(const double loss, replica_->EvalLossSum(one));
       v1::SampleLoss& s = losses.emplace_back();
       s.set_sample_id(id);
@@ -580,7 +576,7 @@ bool Worker::Validates() const { return !spec_.validate().rerun_on().empty(); }
 
 bool Worker::OverlapsAllReduce(int64_t window_id, int32_t rank) const {
   return options_.overlap_allreduce && !device_.is_cuda() && replica_->gradient_hooks() &&
-         !Validates() && !faults_->ChangesGradientsBeforeAllReduce(window_id, rank);
+         !Validates() && !options_.faults->ChangesGradientsBeforeAllReduce(window_id, rank);
 }
 
 absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
@@ -595,7 +591,7 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
     const std::vector<int64_t>& mb = micro_batches[k];
     const Stopwatch collate;
     data::MicroBatch batch = data::Collate(*dataset_, mb);
-    faults_->PoisonSamples(mb, batch);
+    options_.faults->PoisonSamples(mb, batch);
     times->data_seconds += collate.Seconds();
     const int64_t micro_units = replica_->token_level() ? batch.valid_tokens : batch.samples;
     const double multiplier =
@@ -608,7 +604,7 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
     loss_sum += l;
     // A slowed rank (fault injection) takes longer in backward, as on a slow device.
     t.backward_seconds += absl::ToDoubleSeconds(
-        faults_->AfterMicroStep(absl::Seconds(t.forward_seconds + t.backward_seconds)));
+        options_.faults->AfterMicroStep(absl::Seconds(t.forward_seconds + t.backward_seconds)));
     times->forward_seconds += t.forward_seconds;
     times->backward_seconds += t.backward_seconds;
   }
@@ -662,7 +658,7 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
     loss_sum += l;
     units += replica_->token_level() ? batch.valid_tokens : batch.samples;
   }
-  faults_->InEval(update_id);
+  options_.faults->InEval(update_id);
   v1::ReportEvalRequest req;
   req.set_job_id(job_id_);
   req.set_worker_id(link_->member_id());
@@ -712,7 +708,7 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
                                     a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
   }
   for (int64_t window = a.next_window_id();; ++window) {
-    faults_->BeforeWindow(window);
+    options_.faults->BeforeWindow(window);
     absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
     if (!d.ok()) {
       replica_->ZeroGrad();

@@ -20,7 +20,7 @@
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/collective/collective.h"
 #include "worker/data/dataset.h"
-#include "worker/fault_hooks.h"
+#include "worker/faults/fault_injector.h"
 #include "worker/host/cpu_info.h"
 #include "worker/link/coordinator_link.h"
 #include "worker/link/worker_client.h"
@@ -52,7 +52,9 @@ struct WorkerOptions {
   // Where a job's data, model and checkpoints may be (--allowed-roots, {owner} bound for each
   // job; none = anywhere), and the worker's own secrets, which no job may name.
   AllowedRoots allowed_roots;
-  FaultOptions faults;  // test-only injections (fault_hooks.h)
+  // Where faults enter (faults/fault_injector.h): the base class injects none; the testing
+  // build passes the ones its flags ask for. Never null.
+  std::shared_ptr<const FaultInjector> faults = std::make_shared<const FaultInjector>();
   // The coordinator to talk to (not owned); null: a gRPC client of `coordinator`. Unit tests
   // pass a fake one, and a fake clock for the waits that give up.
   WorkerRpc* client = nullptr;
@@ -173,10 +175,9 @@ class Worker {
   WorkerRpc* client_ = nullptr;
   // Registration, the heartbeats and what they say (coordinator_link.h); set by Setup().
   std::unique_ptr<CoordinatorLink> link_;
-  std::unique_ptr<FaultHooks> faults_;  // set by Setup()
-  std::string job_id_;                  // link_'s, once registered
-  v1::JobSpec spec_;                    // link_'s, once registered
-  AllowedRoots job_roots_;              // options_.allowed_roots for the job's owner
+  std::string job_id_;      // link_'s, once registered
+  v1::JobSpec spec_;        // link_'s, once registered
+  AllowedRoots job_roots_;  // options_.allowed_roots for the job's owner
   std::optional<data::Dataset> dataset_;
   std::optional<data::Dataset> eval_dataset_;  // set iff spec.eval
   // The latest recorded evaluation (update id, loss), for the checkpoints' meta.json.

@@ -15,7 +15,9 @@ Usage: deploy/local/launch.sh --spec SPEC.json --out DIR [--workers N] [--restar
   --workers N          worker processes to start (default: the spec's workers.count)
   --restart-workers    restart a worker that exits with an error, as Kubernetes would
   --bin DIR            where trainstep, trainstep-coordinator and trainstep-worker are
-                       (default: build/bin of this checkout)
+                       (default: build/bin of this checkout; build/bin/testing: the
+                       testing build, whose worker takes the --debug-* fault flags of
+                       docs/development.md)
   --coordinator-flag F / --worker-flag F
                        extra flags for those processes (repeatable)
 

@@ -148,7 +148,9 @@ def parse_args(argv):
     p.add_argument("--kinds", default="all",
                    help="comma-separated fault kinds (see above), or all (default)")
     p.add_argument("--out", help="output directory (default: a new /tmp/trainstep-chaos-*)")
-    p.add_argument("--bin", help="directory of trainstep-coordinator, trainstep-worker")
+    p.add_argument("--bin", help="directory of trainstep-coordinator, trainstep-worker (default "
+                   "$TRAINSTEP_BIN_DIR, else build/bin); with grad_flip, its testing/ "
+                   "subdirectory when it has one (the testing build's worker takes the flips)")
     p.add_argument("--updates", type=int, default=400, help="updates per job (default 400)")
     p.add_argument("--checkpoint-every", type=int, default=25,
                    help="checkpoint cadence in updates (default 25)")
@@ -1167,6 +1169,17 @@ def render_markdown(s):
     return "\n".join(out) + "\n"
 
 
+
+def worker_takes_fault_flags(bin_dir):
+    """Whether bin_dir's worker is the testing build: its --help lists the fault flags."""
+    try:
+        out = subprocess.run([os.path.join(bin_dir, "trainstep-worker"), "--help"],
+                             capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--debug-flip-grad-file" in out
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.resummarize:
@@ -1182,11 +1195,20 @@ def main(argv=None):
         return SKIP
     args.bin = args.bin or os.environ.get("TRAINSTEP_BIN_DIR") or os.path.join(
         SOURCE_DIR, "build", "bin")
+    testing_bin = os.path.join(args.bin, "testing")
+    if "grad_flip" in args.kinds and os.access(os.path.join(testing_bin, "trainstep-worker"),
+                                               os.X_OK):
+        args.bin = testing_bin
     for b in ("trainstep-coordinator", "trainstep-worker"):
         if not os.access(os.path.join(args.bin, b), os.X_OK):
             print(f"chaos: {args.bin}/{b} not found (build first, or pass --bin)",
                   file=sys.stderr)
             return 1
+    if "grad_flip" in args.kinds and not worker_takes_fault_flags(args.bin):
+        print(f"chaos: grad_flip needs the testing build's worker (its --debug-flip-grad-file); "
+              f"{args.bin}/trainstep-worker is the shipped one: pass --bin build/bin/testing",
+              file=sys.stderr)
+        return 1
     if args.nice:
         os.nice(args.nice)
     out = args.out or tempfile.mkdtemp(prefix="trainstep-chaos-")

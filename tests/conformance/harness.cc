@@ -136,12 +136,13 @@ std::string JobConfig::Json() const {
                                  keep_last, "}"));
   }
   parts.push_back(absl::StrCat(R"("workers":{"count":)", workers, "}"));
-  if (!nonfinite_windows.empty()) {
-    parts.push_back(absl::StrCat(R"("debug":{"nonfinite_grad_windows":[)",
-                                 absl::StrJoin(nonfinite_windows, ","), "]}"));
-  }
   if (!eval.empty()) parts.push_back(absl::StrCat(R"("eval":)", eval));
   return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
+}
+
+std::vector<std::string> JobConfig::WorkerFlags() const {
+  if (nonfinite_windows.empty()) return {};
+  return {absl::StrCat("--debug-nonfinite-grad-windows=", absl::StrJoin(nonfinite_windows, ","))};
 }
 
 void ConformanceTest::SetUp() {

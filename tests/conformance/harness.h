@@ -65,10 +65,13 @@ struct JobConfig {
   std::string checkpoint_dir;  // "" = none
   int64_t checkpoint_every = 1000;
   int keep_last = 0;
+  // Windows whose gradient overflows on rank 0: a fault of the testing worker, not of the spec.
   std::vector<int64_t> nonfinite_windows;
   std::string eval;  // "" = none; else JSON of trainstep.v1.Eval
 
   std::string Json() const;
+  // Every worker's flags: the faults above (which start the testing build of the worker).
+  std::vector<std::string> WorkerFlags() const;
 };
 
 struct JobRun {
@@ -94,7 +97,10 @@ class ConformanceTest : public ::testing::Test {
   JobRun RunJob(const std::string& spec_json, int workers,
                 const std::vector<std::vector<std::string>>& extra_flags = {},
                 absl::Duration timeout = absl::Seconds(120));
-  JobRun RunJob(const JobConfig& config) { return RunJob(config.Json(), config.workers); }
+  JobRun RunJob(const JobConfig& config) {
+    return RunJob(config.Json(), config.workers,
+                  std::vector<std::vector<std::string>>(config.workers, config.WorkerFlags()));
+  }
   // The committed records of a log, in order.
   static std::vector<v1::UpdateRecord> Commits(const std::vector<v1::UpdateRecord>& log);
 

@@ -9,7 +9,8 @@ trap 'rm -rf "$DIR"' EXIT
 fail() { echo "FAIL: $*"; cat "$DIR/err" 2>/dev/null; exit 1; }
 printf 'processor\t: 0\nmodel name\t: AVX2 CPU\nflags\t\t: avx2 fma\n' >"$DIR/avx2"
 printf 'processor\t: 0\nmodel name\t: BF16 CPU\nflags\t\t: avx2 avx512f avx512_bf16\n' >"$DIR/bf16"
-demo() { BIN=$BIN DEMO_OUT=$DIR/out "$ROOT/deploy/local/demo.sh" --dry-run "$@" 2>"$DIR/err"; }
+# --debug-cpuinfo is a test hook: the testing build of the worker takes it.
+demo() { BIN=$BIN/testing DEMO_OUT=$DIR/out "$ROOT/deploy/local/demo.sh" --dry-run "$@" 2>"$DIR/err"; }
 
 demo --worker-flag=--debug-cpuinfo="$DIR/avx2" || fail "dry run exited $?"
 grep -q 'precision fp32: this CPU (AVX2 CPU) has no native bf16' "$DIR/err" || fail "no fp32 choice with its reason"

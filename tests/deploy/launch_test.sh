@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deploy/local/launch.sh as a user runs it: bad arguments exit 2; a small job runs to the
 # end with endpoints.json and updates.jsonl written and no process left behind; with
-# --restart-workers a worker killed mid-run is restarted and the job still succeeds.
+# --restart-workers a worker killed mid-run is restarted and the job still succeeds; with
+# --bin build/bin/testing the testing build's fault flags reach the workers.
 set -uo pipefail
 ROOT=$1 BIN=$2
 DIR=$(mktemp -d /tmp/trainstep-launch-test.XXXXXX)
@@ -48,4 +49,14 @@ rc=$?
 [ $rc -eq 0 ] || { tail -20 "$DIR/restart.out"; fail "restart run exited $rc"; }
 grep -q "restarting" "$DIR/restart.out" || fail "the killed worker was not restarted"
 grep -q '"reason":"WORKER_LOST"' "$DIR/restart/updates.jsonl" || grep -q '"generation":2' "$DIR/restart/updates.jsonl" || fail "no new generation after the kill"
+
+# The testing build (bin/testing: its worker, links to the others) injects a fault a flag
+# names: window 3 overflows on rank 0, and is skipped, once.
+sed 's/"stop":/"loss_scaler":{"enabled":true},"stop":/' "$DIR/spec.json" >"$DIR/scaled.json"
+timeout 120 "$ROOT/deploy/local/launch.sh" --spec "$DIR/scaled.json" --out "$DIR/fault" --bin "$BIN/testing" \
+  --worker-flag --device=cpu --worker-flag=--debug-nonfinite-grad-windows=3 >"$DIR/fault.out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat "$DIR/fault.out"; fail "launch with the testing build exited $rc"; }
+[ "$(grep -c '"reason":"OVERFLOW"' "$DIR/fault/updates.jsonl")" -eq 1 ] || fail "expected one OVERFLOW skip"
+grep '"window_id":3,' "$DIR/fault/updates.jsonl" | grep -q '"reason":"OVERFLOW"' || fail "window 3 was not the one skipped"
 echo ok

@@ -7,12 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -227,7 +229,11 @@ absl::StatusOr<pid_t> ProcessCluster::StartWorker(const std::string& job_id,
                                                   const std::vector<std::string>& extra_flags) {
   // CPU unless a test asks for a device (a later --device wins): the suite's references are
   // CPU runs, and on a GPU machine --device auto would put every worker on cuda:0.
-  std::vector<std::string> argv = {BinDir() + "/trainstep-worker",
+  // The shipped worker, unless a flag is a test hook: only the testing build takes those.
+  const bool hooks = std::any_of(extra_flags.begin(), extra_flags.end(), [](const std::string& f) {
+    return absl::StartsWith(f, "--debug");
+  });
+  std::vector<std::string> argv = {BinDir() + (hooks ? "/testing" : "") + "/trainstep-worker",
                                    "--coordinator",
                                    address_,
                                    "--job",

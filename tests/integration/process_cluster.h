@@ -57,6 +57,7 @@ class ProcessCluster {
 
   absl::StatusOr<std::string> Submit(const std::string& spec_json);
   // Starts one worker process for `job_id` with extra flags; its log goes to dir/worker-N.log.
+  // A --debug-* flag (a test hook) starts the testing build, bin/testing/trainstep-worker.
   absl::StatusOr<pid_t> StartWorker(const std::string& job_id,
                                     const std::vector<std::string>& extra_flags = {});
   // Waits until the job is in a terminal state.

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <unordered_map>
 
 #include "absl/cleanup/cleanup.h"
@@ -206,16 +205,6 @@ uint64_t Replica::GradientChecksum() {
     }
   }
   return hash;
-}
-
-void Replica::InjectNonFinite() {
-  at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
-  g.view({-1})[0].fill_(std::numeric_limits<float>::infinity());
-}
-
-void Replica::PerturbGradient(double delta) {
-  at::Tensor g = optim_->trainable().front().tensor.mutable_grad();
-  g.view({-1})[0].add_(delta);
 }
 
 UnscaleResult Replica::UnscaleAndNorm(double loss_scale) {

@@ -82,10 +82,6 @@ class Replica {
   // A checksum of the bytes of every trainable gradient (FNV-1a, in parameter order): two runs
   // of a window agree on it iff their local gradients are bitwise equal (spec.validate).
   uint64_t GradientChecksum();
-  // Fault injection (debug.nonfinite_grad_windows): +inf into one gradient element.
-  void InjectNonFinite();
-  // Test-only desync: nudges one gradient element so this rank's norm differs.
-  void PerturbGradient(double delta);
   // After the all-reduce: the scaled norm (with a loss scaler), gradients ×= 1/S, non-finite
   // check, global L2 norm (fp32).
   UnscaleResult UnscaleAndNorm(double loss_scale);

@@ -13,8 +13,7 @@ ABSL_FLAG(std::string, test_log_format, "text", "the test's --log-format");
 ABSL_FLAG(std::string, test_state_dir, "", "a kebab-case flag");
 ABSL_FLAG(int64_t, test_lease_ms, 10000, "a grouped flag");
 ABSL_FLAG(bool, test_ungrouped, false, "a flag no group names");
-ABSL_FLAG(int64_t, test_hook, 0, "TEST ONLY: a hook by its help");
-ABSL_FLAG(std::string, debug_test_file, "", "a hook by its name");
+ABSL_FLAG(int64_t, test_library_flag, 0, "a flag of a library, not of main.cc");
 
 namespace trainstep {
 namespace {
@@ -51,29 +50,31 @@ std::vector<const absl::CommandLineFlag*> Flags(const std::vector<std::string>& 
   return flags;
 }
 
-// Catches: --help dropping a flag that no group names, listing a test hook (even one a group
-// names), or showing snake_case names and no defaults.
-TEST(FlagsTest, HelpListsEveryOwnFlagByGroupAndNoTestHook) {
+// Catches: --help dropping an own flag that no group names, or a flag a group names that the
+// binary's main.cc does not define (the testing worker's hooks), or showing snake_case names
+// and no defaults.
+TEST(FlagsTest, HelpListsEveryOwnFlagAndEveryGroupedFlag) {
   BinaryHelp help;
   help.summary = "prog: does things.";
   help.usage = "  prog [flags]\n";
-  help.groups = {{"Leases", {"test_lease_ms", "test_hook"}}, {"State", {"test_state_dir"}}};
+  help.groups = {{"Leases", {"test_lease_ms", "test_library_flag"}}, {"State", {"test_state_dir"}}};
   help.exit_codes = "  0  done\n";
   help.example = "  prog --test-lease-ms 5\n";
-  const std::string text = HelpText(help, Flags({"debug_test_file", "test_hook", "test_lease_ms",
-                                                 "test_state_dir", "test_ungrouped"}));
+  const std::string text =
+      HelpText(help, Flags({"test_lease_ms", "test_state_dir", "test_ungrouped"}));
   EXPECT_EQ(text,
             "prog: does things.\n\n"
             "Usage:\n  prog [flags]\n\n"
             "Leases:\n"
-            "  --test-lease-ms N (default: 10000)\n      a grouped flag\n\n"
+            "  --test-lease-ms N (default: 10000)\n      a grouped flag\n"
+            "  --test-library-flag N (default: 0)\n      a flag of a library, not of main.cc\n\n"
             "State:\n"
             "  --test-state-dir VALUE\n      a kebab-case flag\n\n"
             "Other flags:\n"
             "  --test-ungrouped[=true|false] (default: false)\n      a flag no group names\n\n"
             "Flags may be written --like-this or --like_this, with a value after a space or\n"
             "an '=' (booleans: --flag or --flag=false). -h, --help prints this; --helpfull\n"
-            "lists every flag, libraries' and test hooks too.\n\n"
+            "lists every flag, libraries' too.\n\n"
             "Exit codes:\n  0  done\n\nExample:\n  prog --test-lease-ms 5\n");
 }
 

@@ -1,7 +1,7 @@
-// The test-only injections fire exactly where and when they are asked to, and nowhere else:
-// a hook that fired on every rank or in every window would turn the protocol tests that use
-// them (overflow skips, desync aborts) into tests of something else.
-#include "worker/fault_hooks.h"
+// The injected faults fire exactly where and when they are asked to, and nowhere else: a fault
+// that fired on every rank or in every window would turn the protocol tests that use it
+// (overflow skips, desync aborts) into tests of something else.
+#include "worker/faults/injected_faults.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,6 +14,8 @@
 
 #include "absl/time/clock.h"
 #include "core/spec.h"
+#include "worker/data/collate.h"
+#include "worker/train/replica.h"
 
 namespace trainstep {
 namespace {
@@ -27,12 +29,16 @@ std::unique_ptr<Replica> MlpReplica() {
   return r;
 }
 
+FaultOptions NonfiniteIn(std::vector<int64_t> windows) {
+  FaultOptions options;
+  options.nonfinite_grad_windows = std::move(windows);
+  return options;
+}
+
 // Catches: non-finite gradients injected on every rank (the SUM hides which one overflowed)
-// or in windows the spec did not list.
-TEST(FaultHooksTest, NonFiniteOnlyOnRankZeroInListedWindows) {
-  v1::Debug debug;
-  debug.add_nonfinite_grad_windows(3);
-  const FaultHooks hooks(debug, FaultOptions());
+// or in windows not listed.
+TEST(InjectedFaultsTest, NonFiniteOnlyOnRankZeroInListedWindows) {
+  const InjectedFaults hooks(NonfiniteIn({3}));
   std::unique_ptr<Replica> r = MlpReplica();
   hooks.BeforeAllReduce(/*window_id=*/2, /*rank=*/0, /*run=*/1, *r);
   hooks.BeforeAllReduce(/*window_id=*/3, /*rank=*/1, /*run=*/1, *r);
@@ -44,11 +50,8 @@ TEST(FaultHooksTest, NonFiniteOnlyOnRankZeroInListedWindows) {
 // The worker overlaps a window's all-reduce with backward only where no injection changes the
 // gradients first. Catches: an injection the predicate does not announce (it would change a
 // gradient after its bucket left, so only rank 0's copy would hold the inf: no overflow seen).
-TEST(FaultHooksTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
-  v1::Debug debug;
-  debug.add_nonfinite_grad_windows(3);
-  debug.add_nonfinite_grad_windows(8);
-  const FaultHooks hooks(debug, FaultOptions());
+TEST(InjectedFaultsTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
+  const InjectedFaults hooks(NonfiniteIn({3, 8}));
   for (int64_t window = 1; window <= 9; ++window) {
     for (int32_t rank : {0, 1}) {
       std::unique_ptr<Replica> r = MlpReplica();
@@ -59,18 +62,18 @@ TEST(FaultHooksTest, AnnouncesExactlyTheWindowsWhereItChangesGradients) {
     }
   }
   EXPECT_TRUE(hooks.ChangesGradientsBeforeAllReduce(8, 0));
-  EXPECT_FALSE(FaultHooks(v1::Debug(), FaultOptions()).ChangesGradientsBeforeAllReduce(1, 0));
+  EXPECT_FALSE(InjectedFaults(FaultOptions()).ChangesGradientsBeforeAllReduce(1, 0));
 }
 
 // The transient faults of spec.validate's tests hit the first run of their window only: a
 // re-run must compute the window right, or nothing could be attributed. Catches a flip in
 // every run (it would read as bad data), in other windows, or a poison that misses its sample.
-TEST(FaultHooksTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample) {
+TEST(InjectedFaultsTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample) {
   FaultOptions options;
   options.flip_grad_window = 4;
   options.flip_loss_window = 6;
   options.poison_sample = 9;
-  const FaultHooks hooks(v1::Debug(), options);
+  const InjectedFaults hooks(options);
   for (int32_t run : {1, 2}) {
     std::unique_ptr<Replica> r = MlpReplica();
     hooks.BeforeAllReduce(/*window_id=*/4, /*rank=*/1, run, *r);
@@ -87,7 +90,7 @@ TEST(FaultHooksTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample)
   // Armed by a file: the next first run flips and consumes it; nothing after.
   FaultOptions armed;
   armed.flip_grad_file = ::testing::TempDir() + "/flip-" + std::to_string(getpid());
-  const FaultHooks by_file(v1::Debug(), armed);
+  const InjectedFaults by_file(armed);
   std::ofstream(armed.flip_grad_file) << "";
   for (int32_t run : {2, 1, 1}) {
     std::unique_ptr<Replica> f = MlpReplica();
@@ -108,10 +111,10 @@ TEST(FaultHooksTest, FlipsHitTheFirstRunOfTheirWindowOnlyAndPoisonHitsItsSample)
 }
 
 // Catches: the desync nudge applied in the wrong window or not at all.
-TEST(FaultHooksTest, PerturbOnlyInItsWindow) {
+TEST(InjectedFaultsTest, PerturbOnlyInItsWindow) {
   FaultOptions options;
   options.perturb_grad_window = 5;
-  const FaultHooks hooks(v1::Debug(), options);
+  const InjectedFaults hooks(options);
   std::unique_ptr<Replica> r = MlpReplica();
   hooks.AfterAllReduce(/*window_id=*/4, /*loss_scale=*/1.0, *r);
   EXPECT_EQ(r->UnscaleAndNorm(1.0).grad_norm, 0.0);
@@ -120,22 +123,22 @@ TEST(FaultHooksTest, PerturbOnlyInItsWindow) {
 }
 
 // Catches: --debug-exit-in-eval exiting in another update's evaluation (or with another code).
-TEST(FaultHooksTest, ExitOnlyInItsUpdate) {
+TEST(InjectedFaultsTest, ExitOnlyInItsUpdate) {
   FaultOptions options;
   options.exit_in_eval_update = 7;
-  const FaultHooks hooks(v1::Debug(), options);
+  const InjectedFaults hooks(options);
   hooks.InEval(6);  // returns
   EXPECT_EXIT(hooks.InEval(7), testing::ExitedWithCode(3), "exiting in the evaluation of update 7");
 }
 
 // Catches: a held window that starts while the file exists (the elastic test that uses it would
 // race the job's end again), or one held when no file is named or it is gone.
-TEST(FaultHooksTest, HoldsTheWindowWhileItsFileExists) {
-  FaultHooks(v1::Debug(), FaultOptions()).BeforeWindow(1);  // no file named: returns
+TEST(InjectedFaultsTest, HoldsTheWindowWhileItsFileExists) {
+  InjectedFaults(FaultOptions()).BeforeWindow(1);  // no file named: returns
   FaultOptions options;
   options.hold_file = ::testing::TempDir() + "/trainstep-hold-" + std::to_string(getpid());
   std::filesystem::remove(options.hold_file);
-  const FaultHooks hooks(v1::Debug(), options);
+  const InjectedFaults hooks(options);
   hooks.BeforeWindow(1);  // no such file: returns
   std::ofstream(options.hold_file) << "hold\n";
   const absl::Time start = absl::Now();
@@ -147,7 +150,7 @@ TEST(FaultHooksTest, HoldsTheWindowWhileItsFileExists) {
   const absl::Duration held = absl::Now() - start;
   release.join();
   EXPECT_GE(held, absl::Milliseconds(300));
-  EXPECT_LT(held, FaultHooks::kMaxHold);
+  EXPECT_LT(held, InjectedFaults::kMaxHold);
 }
 
 }  // namespace
