@@ -1,6 +1,7 @@
 #include "coordinator/job_service.h"
 
 #include <deque>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,10 @@ absl::Status CheckWatchRequest(const v1::WatchJobRequest& req) {
   return absl::OkStatus();
 }
 
-// Streams one job: fetch a batch, write its events one by one, fetch the next.
+// Streams one job: fetch a batch, write its events one by one, fetch the next. A fetch's
+// answer can arrive after gRPC is done with the call (the client left while the answer waited
+// for the journal's fsync), so the reactor is deleted by whichever lets go last: gRPC at
+// OnDone, or the pending answer when the coordinator drops or runs it.
 class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
  public:
   WatchReactor(Coordinator* c, const v1::WatchJobRequest& req)
@@ -50,13 +54,44 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
     absl::MutexLock lock(&mu_);
     FinishLocked(grpc::Status::CANCELLED);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override { Unref(); }
 
  private:
+  // The pending answer's hold on the reactor: released with the last copy of the callback,
+  // whether the coordinator ran it or dropped it (a claimed waiter is dropped unanswered).
+  class Hold {
+   public:
+    explicit Hold(WatchReactor* r) : r_(r) { r_->Ref(); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { r_->Unref(); }
+    WatchReactor* reactor() const { return r_; }
+
+   private:
+    WatchReactor* const r_;
+  };
+
+  void Ref() {
+    absl::MutexLock lock(&mu_);
+    ++refs_;
+  }
+  void Unref() {
+    bool last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      last = --refs_ == 0;
+    }
+    if (last) delete this;
+  }
+
   // The last thing its callers do: the answer may arrive inline and end the call.
   void Fetch() {
     c_->WatchJob(
-        job_id_, cursor_, [this](absl::StatusOr<WatchBatch> batch) { OnBatch(batch); }, handle_);
+        job_id_, cursor_,
+        [hold = std::make_shared<Hold>(this)](absl::StatusOr<WatchBatch> batch) {
+          hold->reactor()->OnBatch(batch);
+        },
+        handle_);
   }
 
   // What the request asks for: the records after `after_` (exact), else those from window
@@ -120,6 +155,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
   WatchCursor cursor_;  // written in OnBatch, read in Fetch: one fetch is outstanding at a time
   bool end_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int refs_ ABSL_GUARDED_BY(mu_) = 1;  // gRPC's until OnDone, plus a pending answer's
 };
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/machine_test_util.h"
 #include "tests/unit/coordinator/recording_metrics.h"
-#include "tests/unit/coordinator/temp_sync_gate.h"
+#include "tests/unit/coordinator/sync_gate.h"
 
 namespace trainstep {
 namespace {
@@ -211,8 +211,8 @@ class CoordinatorTest : public ::testing::Test {
 
   std::string dir_;
   uint64_t snapshot_every_records_ = 10000;
-  TempSyncGate gate_{Env::Default()};  // outlives coordinator_
-  Env* env_ = Env::Default();          // &gate_ to hold snapshots
+  SyncGate gate_{Env::Default()};  // outlives coordinator_
+  Env* env_ = Env::Default();      // &gate_ to hold snapshots
   FakeClock clock_;
   RecordingMetrics metrics_;  // outlives coordinator_ (declared before it)
   std::unique_ptr<Coordinator> coordinator_;

@@ -23,7 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/fault_injection_env.h"
-#include "tests/unit/coordinator/temp_sync_gate.h"
+#include "tests/unit/coordinator/sync_gate.h"
 
 namespace trainstep {
 namespace {
@@ -120,7 +120,7 @@ class JournalTest : public ::testing::Test {
   std::vector<std::string> Files() { return *env_.ListDir(kDir); }
 
   FaultInjectionEnv env_;
-  TempSyncGate gate_{&env_};
+  SyncGate gate_{&env_};
   absl::Mutex reports_mu_;
   std::vector<SnapshotReport> reports_ ABSL_GUARDED_BY(reports_mu_);
   std::unique_ptr<Journal> journal_;
@@ -1001,7 +1001,7 @@ struct Workload {
 // let go; so every step of the snapshot thread is a crash point, in a deterministic order.
 Workload RunWorkload(FaultInjectionEnv* env, bool background) {
   Workload w;
-  TempSyncGate gate(env);
+  SyncGate gate(env);
   RecoveredJournal recovered;
   std::unique_ptr<Journal> journal = OpenOrDie(&gate, &recovered);
   if (journal == nullptr) return w;

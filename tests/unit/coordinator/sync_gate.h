@@ -1,7 +1,8 @@
-// A test Env that holds or fails the fsync of a journal snapshot's temp file, for
-// journal_test and coordinator_test: a background snapshot stops mid-write deterministically.
-#ifndef TRAINSTEP_TESTS_UNIT_COORDINATOR_TEMP_SYNC_GATE_H_
-#define TRAINSTEP_TESTS_UNIT_COORDINATOR_TEMP_SYNC_GATE_H_
+// A test Env that holds or fails the fsync of chosen files (by default a journal snapshot's
+// temp file), for journal_test, coordinator_test and job_service_test: a background snapshot,
+// or an answer waiting for the log's fsync, stops there deterministically.
+#ifndef TRAINSTEP_TESTS_UNIT_COORDINATOR_SYNC_GATE_H_
+#define TRAINSTEP_TESTS_UNIT_COORDINATOR_SYNC_GATE_H_
 
 #include <memory>
 #include <string>
@@ -20,14 +21,14 @@ inline bool IsTemp(const std::string& path) {
   return path.size() > 4 && path.compare(path.size() - 4, 4, ".tmp") == 0;
 }
 
-// Forwards to `target`, but lets a test hold the fsync of a snapshot's temp file open (so a
-// background snapshot stops mid-write, deterministically) or fail it, leaving every other
-// file's fsync alone.
-class TempSyncGate : public EnvWrapper {
+// Forwards to `target`, but lets a test hold the fsync of the files `gated` names open or
+// fail it, leaving every other file's fsync alone.
+class SyncGate : public EnvWrapper {
  public:
-  explicit TempSyncGate(Env* target) : EnvWrapper(target) {}
+  explicit SyncGate(Env* target, bool (*gated)(const std::string& path) = &IsTemp)
+      : EnvWrapper(target), gated_(gated) {}
 
-  // The next temp-file fsync waits until Release.
+  // The next gated fsync waits until Release.
   void HoldNext() {
     absl::MutexLock lock(&mu_);
     hold_next_ = true;
@@ -44,7 +45,7 @@ class TempSyncGate : public EnvWrapper {
     released_ = true;
     cv_.SignalAll();
   }
-  // The next temp-file fsync fails with `error` (before reaching the disk).
+  // The next gated fsync fails with `error` (before reaching the disk).
   void FailNext(absl::Status error) {
     absl::MutexLock lock(&mu_);
     fail_next_ = std::move(error);
@@ -52,14 +53,14 @@ class TempSyncGate : public EnvWrapper {
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     absl::StatusOr<std::unique_ptr<WritableFile>> file = EnvWrapper::NewWritableFile(path);
-    if (!file.ok() || !IsTemp(path)) return file;
+    if (!file.ok() || !gated_(path)) return file;
     return std::unique_ptr<WritableFile>(new File(this, *std::move(file)));
   }
 
  private:
   class File : public WritableFile {
    public:
-    File(TempSyncGate* gate, std::unique_ptr<WritableFile> file)
+    File(SyncGate* gate, std::unique_ptr<WritableFile> file)
         : gate_(gate), file_(std::move(file)) {}
     absl::Status Append(std::string_view data) override { return file_->Append(data); }
     absl::Status Sync() override {
@@ -69,7 +70,7 @@ class TempSyncGate : public EnvWrapper {
     absl::Status Close() override { return file_->Close(); }
 
    private:
-    TempSyncGate* const gate_;
+    SyncGate* const gate_;
     std::unique_ptr<WritableFile> file_;
   };
 
@@ -84,6 +85,7 @@ class TempSyncGate : public EnvWrapper {
     return absl::OkStatus();
   }
 
+  bool (*const gated_)(const std::string& path);
   absl::Mutex mu_;
   absl::CondVar cv_;
   bool hold_next_ ABSL_GUARDED_BY(mu_) = false;
@@ -94,4 +96,4 @@ class TempSyncGate : public EnvWrapper {
 
 }  // namespace trainstep
 
-#endif  // TRAINSTEP_TESTS_UNIT_COORDINATOR_TEMP_SYNC_GATE_H_
+#endif  // TRAINSTEP_TESTS_UNIT_COORDINATOR_SYNC_GATE_H_
