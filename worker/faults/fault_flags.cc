@@ -8,6 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/faults/injected_faults.h"
 
 ABSL_FLAG(std::vector<std::string>, debug_nonfinite_grad_windows, {},
@@ -17,7 +18,7 @@ ABSL_FLAG(std::vector<std::string>, debug_nonfinite_grad_windows, {},
           "OVERFLOW). Give every worker the same list: whichever is rank 0 acts");
 ABSL_FLAG(int64_t, debug_perturb_grad_window, 0,
           "in that window, nudge this worker's gradient after the all-reduce, so its reported "
-          "norm differs from its peers' (replicas desync: the job aborts)");
+          "norm differs from its peers' (replicas desync: the window is aborted as DESYNC)");
 ABSL_FLAG(int64_t, debug_exit_in_eval, 0,
           "exit (code 3) during the evaluation of that update, after computing the held-out "
           "loss and before reporting it: a rank lost during an evaluation");
@@ -73,9 +74,7 @@ absl::Status RefuseTestFlagsUnlessTesting(int argc, char** argv) { return absl::
 
 absl::StatusOr<TestHooks> TestHooksFromFlags() {
   FaultOptions f;
-  absl::StatusOr<std::vector<int64_t>> windows = NonfiniteWindows();
-  if (!windows.ok()) return windows.status();
-  f.nonfinite_grad_windows = *std::move(windows);
+  ASSIGN_OR_RETURN(f.nonfinite_grad_windows, NonfiniteWindows());
   f.perturb_grad_window = absl::GetFlag(FLAGS_debug_perturb_grad_window);
   f.exit_in_eval_update = absl::GetFlag(FLAGS_debug_exit_in_eval);
   f.hold_file = absl::GetFlag(FLAGS_debug_hold_file);
