@@ -23,6 +23,7 @@
 #include "client/progress.h"
 #include "common/channel.h"
 #include "common/fnv1a.h"
+#include "common/grpc_status.h"
 #include "common/proto_bytes.h"
 #include "common/proto_json.h"
 #include "common/record_position.h"
@@ -252,8 +253,9 @@ int ReportRpcError(const CommandContext& ctx, const grpc::Status& status) {
       PrintError(ctx, status.error_message());
       return kExitUsage;
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      // gRPC's "Received message larger than max (5000123 vs. 4194304)": invalid input.
-      if (status.error_message().find("larger than max") != std::string::npos) {
+      // Not the coordinator's own limit (a full job table): gRPC's size limit on a message
+      // ("Received message larger than max (5000123 vs. 4194304)"), invalid input.
+      if (!IsCoordinatorError(status)) {
         PrintError(ctx, absl::StrCat("the request is larger than the coordinator accepts (bytes "
                                      "sent vs. its limit): ",
                                      status.error_message()));

@@ -58,10 +58,10 @@ int CheckpointExport(const CommandContext& ctx, const ExportOptions& options);
 int RunCommand(const CommandContext& ctx, const Invocation& invocation);
 
 // Prints what a failed call means on ctx.err and returns its exit code: INVALID_ARGUMENT,
-// ALREADY_EXISTS (a reused request id) and a message over the size limit (RESOURCE_EXHAUSTED)
-// → 2 (the coordinator's message as is), UNAVAILABLE / DEADLINE_EXCEEDED → 3 (with what to
-// do, or what is wrong with TLS), NOT_FOUND → 4, UNAUTHENTICATED / PERMISSION_DENIED → 8,
-// anything else → 1.
+// ALREADY_EXISTS (a reused request id) and a message over the size limit (a RESOURCE_EXHAUSTED
+// that is not the coordinator's own, common/grpc_status.h IsCoordinatorError) → 2 (the
+// coordinator's message as is), UNAVAILABLE / DEADLINE_EXCEEDED → 3 (with what to do, or what is
+// wrong with TLS), NOT_FOUND → 4, UNAUTHENTICATED / PERMISSION_DENIED → 8, anything else → 1.
 int ReportRpcError(const CommandContext& ctx, const grpc::Status& status);
 
 // The default request id of `job submit`: a hash of the spec's bytes and the minute of `now`,

@@ -37,7 +37,7 @@ void EventLog::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
         const v1::Rerun& rr = r.rerun();
         absl::StrAppend(&text, " rerun=", rr.cause(), ":", rr.verdict(), " rank=", rr.rank(), " (",
                         rr.worker_id(), ")");
-        if (rr.verdict() == "transient") {
+        if (VerdictOf(rr) == v1::RERUN_VERDICT_TRANSIENT) {
           absl::StrAppend(&text, " ranks=", absl::StrJoin(rr.ranks(), ","), ": a fault on ",
                           rr.worker_id(), ", marked suspect; its first run discarded");
         } else if (!rr.sample_ids().empty()) {

@@ -225,8 +225,8 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
   updates_.Add(l);
   tokens_.Add(l);
   dropped_samples_.Add(l);
-  for (const char* verdict : {"persistent", "transient"}) {
-    reruns_.Add({{"training_job", job_id}, {"verdict", verdict}});
+  for (v1::RerunVerdict verdict : {v1::RERUN_VERDICT_PERSISTENT, v1::RERUN_VERDICT_TRANSIENT}) {
+    reruns_.Add({{"training_job", job_id}, {"verdict", VerdictName(verdict)}});
   }
   for (const ReasonSeries& s : kReasonSeries) {
     (s.outcome == v1::SKIP ? skipped_ : aborted_)
@@ -247,7 +247,7 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
     dropped_samples_.Add(l).Increment(static_cast<double>(r.dropped_tail().samples()));
   }
   if (r.has_rerun())
-    reruns_.Add({{"training_job", id}, {"verdict", r.rerun().verdict()}}).Increment();
+    reruns_.Add({{"training_job", id}, {"verdict", VerdictName(VerdictOf(r.rerun()))}}).Increment();
   const v1::WindowOutcome outcome = OutcomeOf(r);
   if (outcome == v1::COMMIT) {
     updates_.Add(l).Increment();
@@ -297,9 +297,13 @@ void PrometheusMetrics::OnJobStates(const std::vector<v1::Job>& jobs) {
       tokens_.Add(l).Increment(static_cast<double>(job.progress().cumulative_tokens()));
       dropped_samples_.Add(l).Increment(static_cast<double>(job.progress().dropped_samples()));
       const int64_t transient = job.progress().reruns_transient();
-      reruns_.Add({{"training_job", job.job_id()}, {"verdict", "transient"}})
+      reruns_
+          .Add({{"training_job", job.job_id()},
+                {"verdict", VerdictName(v1::RERUN_VERDICT_TRANSIENT)}})
           .Increment(static_cast<double>(transient));
-      reruns_.Add({{"training_job", job.job_id()}, {"verdict", "persistent"}})
+      reruns_
+          .Add({{"training_job", job.job_id()},
+                {"verdict", VerdictName(v1::RERUN_VERDICT_PERSISTENT)}})
           .Increment(static_cast<double>(job.progress().reruns() - transient));
     }
   }

@@ -177,7 +177,7 @@ class StepMachine {
     // spec.validate: the run the ranks report (1; 2 once the coordinator asked for a re-run),
     // why it asked, and the first run's reports by rank while the second is computed.
     int32_t run = 1;
-    std::string rerun_cause;
+    v1::RerunCause rerun_cause = v1::RERUN_CAUSE_UNSPECIFIED;
     std::vector<std::optional<v1::CompleteWindowRequest>> first_run;
     bool has_any_report() const { return units_reported > 0; }
   };
@@ -226,14 +226,14 @@ class StepMachine {
   void EndWindow(v1::WindowDecision decision, absl::Time now);
   void DecideWindow(Attempt& attempt, absl::Time now);
   // spec.validate: why a first run's decision `d` is suspicious enough to compute the window
-  // again ("nonfinite", "spike"), or nullopt.
-  std::optional<std::string> RerunCause(const v1::WindowDecision& d) const;
+  // again, or nullopt.
+  std::optional<v1::RerunCause> RerunCauseOf(const v1::WindowDecision& d) const;
   // Whether `loss` lies above mean + spike_sigma·σ of the last spike_window committed losses
   // (false until there are that many).
   bool IsSpike(double loss) const;
   // Keeps the first run's reports and asks every rank for a second run (their pending
   // reports are answered `rerun`). Not journaled: a restart in between retries the window.
-  void AskRerun(Attempt& attempt, const std::string& cause);
+  void AskRerun(Attempt& attempt, v1::RerunCause cause);
   // After the second run: the verdict (Rerun) on `d`'s record; a reproducible spike is
   // skipped under validate.skip_spikes.
   void AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) const;

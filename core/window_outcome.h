@@ -2,8 +2,9 @@
 #define TRAINSTEP_CORE_WINDOW_OUTCOME_H_
 
 // How a window ended, as code decides on it. The per-update log (UpdateRecord) spells the
-// outcome and the reason as strings, which its JSON keeps; this is the one place that converts
-// between those spellings and the enums, so no caller compares strings.
+// outcome, the reason and a re-run's cause and verdict as words, which its JSON keeps beside
+// their enums; this is the one place that converts between the two, and the one place that
+// reads a record journaled before the enums existed (words only), so no caller compares words.
 
 #include <string>
 
@@ -14,8 +15,10 @@ namespace trainstep {
 
 // "commit" | "skip" | "abort"; "unknown" for WINDOW_OUTCOME_UNSPECIFIED.
 const char* OutcomeName(v1::WindowOutcome outcome);
-// The record's outcome as the enum; WINDOW_OUTCOME_UNSPECIFIED for a spelling it does not know.
+// The record's outcome: outcome_code, else (a record journaled before it) its word;
+// WINDOW_OUTCOME_UNSPECIFIED for a word it does not know.
 v1::WindowOutcome OutcomeOf(const v1::UpdateRecord& record);
+// Sets the outcome's code and its word.
 void SetOutcome(v1::UpdateRecord* record, v1::WindowOutcome outcome);
 
 // The record's outcome, then its reason when it has one: "commit", "skip OVERFLOW", "abort
@@ -33,6 +36,17 @@ void SetReason(v1::WindowDecision* decision, v1::WindowReason reason);
 // A record's reason as code reads it: reason_code; a record journaled before that field
 // existed has only its word, which is read instead (the one place a word is parsed).
 v1::WindowReason ReasonCodeOf(const v1::UpdateRecord& record);
+
+// "nonfinite" | "spike"; "" for RERUN_CAUSE_UNSPECIFIED.
+const char* CauseName(v1::RerunCause cause);
+// "persistent" | "transient"; "" for RERUN_VERDICT_UNSPECIFIED.
+const char* VerdictName(v1::RerunVerdict verdict);
+// A re-run's cause and verdict: the code, else (a record journaled before it) the word.
+v1::RerunCause CauseOf(const v1::Rerun& rerun);
+v1::RerunVerdict VerdictOf(const v1::Rerun& rerun);
+// Sets the code and its word.
+void SetCause(v1::Rerun* rerun, v1::RerunCause cause);
+void SetVerdict(v1::Rerun* rerun, v1::RerunVerdict verdict);
 
 }  // namespace trainstep
 

@@ -133,7 +133,7 @@ void StepMachine::DecideWindow(Attempt& attempt, absl::Time now) {
     d.set_outcome(v1::COMMIT);
   }
   if (attempt.run == 1) {
-    if (std::optional<std::string> cause = RerunCause(d)) {
+    if (std::optional<v1::RerunCause> cause = RerunCauseOf(d)) {
       AskRerun(attempt, *cause);
       return;
     }

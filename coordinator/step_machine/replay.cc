@@ -50,7 +50,7 @@ void StepMachine::OutcomeCounts::Add(const v1::UpdateRecord& r) {
   }
   if (r.has_rerun()) {
     ++reruns;
-    if (r.rerun().verdict() == "transient") ++reruns_transient;
+    if (VerdictOf(r.rerun()) == v1::RERUN_VERDICT_TRANSIENT) ++reruns_transient;
   }
 }
 
@@ -285,7 +285,7 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
   const v1::UpdateRecord& r = d.record();
   updates_.push_back(r);
   counts_.Add(r);
-  if (r.rerun().verdict() == "transient") {
+  if (VerdictOf(r.rerun()) == v1::RERUN_VERDICT_TRANSIENT) {
     for (const std::string& id : r.rerun().worker_ids()) membership_.AddSuspect(id);
   }
   recent_decisions_.push_back(d);

@@ -19,7 +19,7 @@ constexpr double kSpikeSigmaFloor = 1e-6;
 
 }  // namespace
 
-std::optional<std::string> StepMachine::RerunCause(const v1::WindowDecision& d) const {
+std::optional<v1::RerunCause> StepMachine::RerunCauseOf(const v1::WindowDecision& d) const {
   const v1::Validate& v = job_.spec().validate();
   const auto on = [&v](v1::Validate::Trigger t) {
     return std::find(v.rerun_on().begin(), v.rerun_on().end(), t) != v.rerun_on().end();
@@ -27,9 +27,9 @@ std::optional<std::string> StepMachine::RerunCause(const v1::WindowDecision& d) 
   // Non-finite gradients are an overflow the scaler expects only with a scaler.
   const bool nonfinite = d.reason_code() == v1::WINDOW_REASON_NONFINITE_LOSS ||
                          (d.reason_code() == v1::WINDOW_REASON_OVERFLOW && !scaler_config_.enabled);
-  if (nonfinite && on(v1::Validate::nonfinite)) return "nonfinite";
+  if (nonfinite && on(v1::Validate::nonfinite)) return v1::RERUN_CAUSE_NONFINITE;
   if (d.outcome() == v1::COMMIT && on(v1::Validate::spike) && IsSpike(d.record().loss())) {
-    return "spike";
+    return v1::RERUN_CAUSE_SPIKE;
   }
   return std::nullopt;
 }
@@ -54,7 +54,7 @@ bool StepMachine::IsSpike(double loss) const {
   return loss > mean + v.spike_sigma() * sigma;
 }
 
-void StepMachine::AskRerun(Attempt& attempt, const std::string& cause) {
+void StepMachine::AskRerun(Attempt& attempt, v1::RerunCause cause) {
   attempt.first_run = std::move(attempt.complete);
   attempt.complete.assign(attempt.first_run.size(), std::nullopt);
   attempt.completes_reported = 0;
@@ -92,7 +92,7 @@ double LossWeight(const v1::CompleteWindowRequest& c) {
 
 void StepMachine::AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) const {
   v1::Rerun* rerun = d->mutable_record()->mutable_rerun();
-  rerun->set_cause(attempt.rerun_cause);
+  SetCause(rerun, attempt.rerun_cause);
   for (size_t rank = 0; rank < attempt.complete.size(); ++rank) {
     if (!Reproduced(*attempt.first_run[rank], *attempt.complete[rank])) {
       rerun->add_ranks(static_cast<int32_t>(rank));
@@ -101,12 +101,12 @@ void StepMachine::AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) 
   }
   if (rerun->ranks_size() > 0) {
     // Its first run is discarded: the window is decided on the second, as a retry.
-    rerun->set_verdict("transient");
+    SetVerdict(rerun, v1::RERUN_VERDICT_TRANSIENT);
     rerun->set_rank(rerun->ranks(0));
     rerun->set_worker_id(rerun->worker_ids(0));
     return;
   }
-  rerun->set_verdict("persistent");
+  SetVerdict(rerun, v1::RERUN_VERDICT_PERSISTENT);
   size_t worst = 0;
   for (size_t rank = 1; rank < attempt.complete.size(); ++rank) {
     if (LossWeight(*attempt.complete[rank]) > LossWeight(*attempt.complete[worst])) worst = rank;
@@ -121,7 +121,7 @@ void StepMachine::AttributeRerun(const Attempt& attempt, v1::WindowDecision* d) 
       rerun->add_sample_ids(s.sample_id());
     }
   }
-  if (attempt.rerun_cause == "spike" && job_.spec().validate().skip_spikes() &&
+  if (attempt.rerun_cause == v1::RERUN_CAUSE_SPIKE && job_.spec().validate().skip_spikes() &&
       d->outcome() == v1::COMMIT) {
     d->set_outcome(v1::SKIP);
     SetReason(d, v1::WINDOW_REASON_LOSS_SPIKE);

@@ -61,6 +61,21 @@ def _mib(n):
     return f"{n / 1048576:.1f} MiB"
 
 
+def _from_coordinator(e):
+    """Whether the coordinator answered this error itself: it sends a trainstep.v1.ErrorStatus
+    in the details (common/grpc_status.h IsCoordinatorError); gRPC's own errors of the same
+    code (a message over the size limit) carry none. Never told apart by the words."""
+    for key, value in e.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            detail = _types.ErrorStatus()
+            try:
+                detail.ParseFromString(value)
+            except Exception:  # not ours
+                return False
+            return detail.code == e.code().value[0]
+    return False
+
+
 class Client:
     """A connection to one coordinator.
 
@@ -326,7 +341,8 @@ class Client:
         if code == grpc.StatusCode.ALREADY_EXISTS:
             cls = errors.RequestIdConflict if submitting else errors.InvalidArgument
             return cls(details, code)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not _from_coordinator(e):
+            # Not the coordinator's own limit: gRPC's size limit on a message.
             cls = errors.InvalidSpec if submitting else errors.InvalidArgument
             return cls("the request is larger than the coordinator accepts (bytes sent vs. its "
                        f"limit): {details}", code)

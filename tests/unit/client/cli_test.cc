@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "common/clock.h"
+#include "common/grpc_status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/server.h"
 #include "core/spec.h"
@@ -262,7 +263,12 @@ TEST_F(CliE2eTest, SpecLargerThanTheMessageLimitExits2WithSizeAndLimit) {
                                              "4194304)")),
             kExitUsage);
   EXPECT_NE(err.str().find("5243000 vs. 4194304"), std::string::npos) << err.str();
-  EXPECT_EQ(ReportRpcError(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "quota")),
+  // Told apart by the coordinator's detail, never by the words: gRPC's limit in other words is
+  // still invalid input, and the coordinator's own limit in gRPC's words is not.
+  EXPECT_EQ(ReportRpcError(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too big")),
+            kExitUsage);
+  EXPECT_EQ(ReportRpcError(ctx, ToGrpcStatus(absl::ResourceExhaustedError("quota"))), kExitError);
+  EXPECT_EQ(ReportRpcError(ctx, ToGrpcStatus(absl::ResourceExhaustedError("larger than max"))),
             kExitError);
 }
 

@@ -67,6 +67,43 @@ TEST(WindowOutcomeTest, CodeFirstThenTheWordOfOldRecords) {
   EXPECT_EQ(ReasonCodeOf(old), v1::WINDOW_REASON_DESYNC);
 }
 
+// Catches: an outcome, cause or verdict written as a word without its code (the next reader
+// would compare words), or a record journaled before the codes existed read as unspecified.
+TEST(WindowOutcomeTest, OutcomeCauseAndVerdictCarryCodeAndWordAndOldRecordsReadTheWord) {
+  v1::UpdateRecord r;
+  SetOutcome(&r, v1::SKIP);
+  EXPECT_EQ(r.outcome_code(), v1::SKIP);
+  EXPECT_EQ(r.outcome(), "skip");
+  v1::Rerun rerun;
+  SetCause(&rerun, v1::RERUN_CAUSE_SPIKE);
+  SetVerdict(&rerun, v1::RERUN_VERDICT_TRANSIENT);
+  EXPECT_EQ(rerun.cause_code(), v1::RERUN_CAUSE_SPIKE);
+  EXPECT_EQ(rerun.cause(), "spike");  // the JSON log's and Prometheus's spellings
+  EXPECT_EQ(rerun.verdict_code(), v1::RERUN_VERDICT_TRANSIENT);
+  EXPECT_EQ(rerun.verdict(), "transient");
+  EXPECT_EQ(CauseOf(rerun), v1::RERUN_CAUSE_SPIKE);
+  EXPECT_EQ(VerdictOf(rerun), v1::RERUN_VERDICT_TRANSIENT);
+
+  v1::UpdateRecord old;  // journaled before the codes: words only
+  old.set_outcome("commit");
+  old.mutable_rerun()->set_cause("nonfinite");
+  old.mutable_rerun()->set_verdict("persistent");
+  EXPECT_EQ(OutcomeOf(old), v1::COMMIT);
+  EXPECT_EQ(CauseOf(old.rerun()), v1::RERUN_CAUSE_NONFINITE);
+  EXPECT_EQ(VerdictOf(old.rerun()), v1::RERUN_VERDICT_PERSISTENT);
+  EXPECT_EQ(VerdictOf(v1::Rerun()), v1::RERUN_VERDICT_UNSPECIFIED);
+  for (int i = v1::RerunCause_MIN; i <= v1::RerunCause_MAX; ++i) {
+    v1::Rerun w;
+    w.set_cause(CauseName(static_cast<v1::RerunCause>(i)));
+    EXPECT_EQ(CauseOf(w), static_cast<v1::RerunCause>(i)) << w.cause();
+  }
+  for (int i = v1::RerunVerdict_MIN; i <= v1::RerunVerdict_MAX; ++i) {
+    v1::Rerun w;
+    w.set_verdict(VerdictName(static_cast<v1::RerunVerdict>(i)));
+    EXPECT_EQ(VerdictOf(w), static_cast<v1::RerunVerdict>(i)) << w.verdict();
+  }
+}
+
 // Catches: a commit printed with a trailing space, or a reason run into its outcome.
 TEST(WindowOutcomeTest, OutcomeTextAddsTheReasonIfAny) {
   v1::UpdateRecord r;

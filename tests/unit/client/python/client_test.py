@@ -57,7 +57,9 @@ class FakeJobService(pb_grpc.JobServiceServicer):
         self.lock = threading.Lock()
         self.requests = {}  # method -> [request]
         self.submit_failures = 0  # the first N SubmitJob calls answer UNAVAILABLE
-        self.errors = {}  # method -> (code, details), answered to every call
+        # method -> (code, details[, from_coordinator=True]), answered to every call; the
+        # coordinator's own errors carry its ErrorStatus detail, gRPC's own (False) none.
+        self.errors = {}
         self.delay = 0  # seconds GetJob takes
         self.records = []
         self.throughput = None  # GetJob answers with it when set
@@ -68,7 +70,12 @@ class FakeJobService(pb_grpc.JobServiceServicer):
         with self.lock:
             self.requests.setdefault(method, []).append(request)
         if method in self.errors:
-            context.abort(*self.errors[method])
+            code, details, *own = self.errors[method]
+            if own == [] or own[0]:
+                detail = types_pb2.ErrorStatus(code=code.value[0], message=details)
+                context.set_trailing_metadata(
+                    (("grpc-status-details-bin", detail.SerializeToString()),))
+            context.abort(code, details)
 
     def SubmitJob(self, request, context):
         self._record("SubmitJob", request, context)
@@ -213,7 +220,14 @@ class ClientTest(unittest.TestCase):
              trainstep.RequestIdConflict, "request_id \"r\" was already used"),
             ("SubmitJob", C.RESOURCE_EXHAUSTED, "Received message larger than max (5 vs. 4)",
              trainstep.InvalidSpec, "the request is larger than the coordinator accepts (bytes "
-             "sent vs. its limit): Received message larger than max (5 vs. 4)"),
+             "sent vs. its limit): Received message larger than max (5 vs. 4)", False),
+            # gRPC's size limit told by the missing detail, whatever its words.
+            ("SubmitJob", C.RESOURCE_EXHAUSTED, "too big", trainstep.InvalidSpec,
+             "the request is larger than the coordinator accepts (bytes sent vs. its limit): "
+             "too big", False),
+            # The coordinator's own limit, even in the words of gRPC's.
+            ("SubmitJob", C.RESOURCE_EXHAUSTED, "larger than max", trainstep.TrainstepError,
+             "larger than max"),
             ("GetJob", C.INVALID_ARGUMENT, "job_id is required", trainstep.InvalidArgument,
              "job_id is required"),
             ("GetJob", C.NOT_FOUND, "no job job-9 (trainstep job list shows them)",
@@ -226,9 +240,9 @@ class ClientTest(unittest.TestCase):
             ("GetJob", C.UNAUTHENTICATED, "GetJob needs a credential", trainstep.Unauthenticated,
              "not authenticated: GetJob needs a credential"),
         ]
-        for method, code, details, cls, message in cases:
-            with self.subTest(method=method, code=code):
-                self.fake.errors = {method: (code, details)}
+        for method, code, details, cls, message, *own in cases:
+            with self.subTest(method=method, code=code, details=details):
+                self.fake.errors = {method: (code, details, *own)}
                 with self.assertRaises(trainstep.TrainstepError) as e:
                     if method == "SubmitJob":
                         self.client.submit(SPEC)

@@ -32,7 +32,9 @@ TEST(StepMachineTest, ANonFiniteLossIsRerunAndATransientFaultIsAttributedToItsRa
   ASSERT_TRUE(d.record().has_rerun());
   const v1::Rerun& rerun = d.record().rerun();
   EXPECT_EQ(rerun.cause(), "nonfinite");
+  EXPECT_EQ(rerun.cause_code(), v1::RERUN_CAUSE_NONFINITE);
   EXPECT_EQ(rerun.verdict(), "transient");
+  EXPECT_EQ(rerun.verdict_code(), v1::RERUN_VERDICT_TRANSIENT);
   EXPECT_EQ(rerun.rank(), 1);
   EXPECT_EQ(rerun.worker_id(), ranks[1]);
   EXPECT_THAT(rerun.ranks(), ::testing::ElementsAre(1));
@@ -75,6 +77,7 @@ TEST(StepMachineTest, AReproducedNonFiniteLossIsSkippedAndNamesItsSamples) {
   EXPECT_EQ(d.reason_code(), v1::WINDOW_REASON_NONFINITE_LOSS);
   const v1::Rerun& rerun = d.record().rerun();
   EXPECT_EQ(rerun.verdict(), "persistent");
+  EXPECT_EQ(rerun.verdict_code(), v1::RERUN_VERDICT_PERSISTENT);
   EXPECT_EQ(rerun.rank(), 1);
   EXPECT_THAT(rerun.sample_ids(), ::testing::ElementsAre(17));
   EXPECT_EQ(sim.progress().optimizer_update_id(), 0);
