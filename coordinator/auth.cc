@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "coordinator/rpc_table.h"
 
 namespace trainstep {
 namespace {
@@ -26,24 +27,16 @@ constexpr struct {
 // The SAN types gRPC reports for a verified certificate (rpc_auth.cc reads them).
 constexpr const char* kSanTypes[] = {"DNS:", "URI:", "email:", "IP:"};
 
-// Every method of JobService and WorkerService, and what it needs.
+// Every method of JobService and WorkerService, and what it needs (rpc_table.h).
+#define TRAINSTEP_UNARY_ACCESS(Method, Req, Resp, access) {#Method, Access::access},
+#define TRAINSTEP_STREAM_ACCESS(Method, access) {#Method, Access::access},
 constexpr struct {
   const char* method;
   Access access;
-} kMethods[] = {
-    {"SubmitJob", Access::kSubmit},       {"GetJob", Access::kView},
-    {"ListJobs", Access::kView},          {"WatchJob", Access::kView},
-    {"CancelJob", Access::kCancel},       {"ListUpdates", Access::kView},
-    {"ListWorkers", Access::kView},       {"RegisterWorker", Access::kWorker},
-    {"Heartbeat", Access::kWorker},       {"BeginWindow", Access::kWorker},
-    {"CompleteWindow", Access::kWorker},  {"AckCheckpoint", Access::kWorker},
-    {"ReportEval", Access::kWorker},      {"ReportFailure", Access::kWorker},
-    {"Attach", Access::kWorker},          {"StoreSet", Access::kWorker},
-    {"StoreGet", Access::kWorker},        {"StoreAdd", Access::kWorker},
-    {"StoreCompareSet", Access::kWorker}, {"StoreCheck", Access::kWorker},
-    {"StoreWait", Access::kWorker},       {"StoreDeleteKey", Access::kWorker},
-    {"StoreNumKeys", Access::kWorker},
-};
+} kMethods[] = {TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_UNARY_ACCESS) TRAINSTEP_WORKER_SERVICE_UNARY(
+    TRAINSTEP_UNARY_ACCESS) TRAINSTEP_STREAMS(TRAINSTEP_STREAM_ACCESS)};
+#undef TRAINSTEP_UNARY_ACCESS
+#undef TRAINSTEP_STREAM_ACCESS
 
 // The roles that grant `access` (a submitter's cancel is narrowed to its own jobs later).
 uint8_t RolesFor(Access access) {

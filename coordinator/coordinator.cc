@@ -7,30 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
-#include "common/proto_bytes.h"
 #include "common/status_macros.h"
+#include "coordinator/request_job_id.h"
 
 namespace trainstep {
 namespace {
 
-constexpr size_t kWatchBatchLimit = 1000;
 // The driver wakes at least this often to drop abandoned waiters and snapshot.
 constexpr absl::Duration kMaxTickInterval = absl::Seconds(1);
-
-template <typename T>
-Answer<T> Ready(T value) {
-  Answer<T> a;
-  a.ready = true;
-  a.response = std::move(value);
-  return a;
-}
-
-// A job as clients see it: with its throughput as of `now` (not part of the machine's state,
-// which must not change with time alone).
-void AddThroughput(const JobRegistry& registry, absl::Time now, v1::Job* job) {
-  absl::StatusOr<const StepMachine*> m = registry.Machine(job->job_id());
-  if (m.ok()) *job->mutable_throughput() = (*m)->Throughput(now);
-}
 
 absl::Status ShuttingDown() {
   return absl::UnavailableError("the coordinator is shutting down; retry against its successor");
@@ -63,11 +47,6 @@ absl::Status ReplayJournal(const RecoveredJournal& recovered, const std::string&
   }
   registry->Recovered(now);
   return absl::OkStatus();
-}
-
-std::string PlaceKey(v1::HeartbeatResponse place) {
-  place.clear_state_version();
-  return ComparableBytes(place);
 }
 
 // --- Lifecycle ---
@@ -341,6 +320,11 @@ KvStore& Coordinator::StoreOf(const std::string& job_id) {
   return stores_.try_emplace(job_id, limits.store_max_keys, limits.store_max_bytes).first->second;
 }
 
+absl::StatusOr<KvStore*> Coordinator::KnownJobStore(const std::string& job_id) {
+  RETURN_IF_ERROR(registry_.Machine(job_id).status());
+  return &StoreOf(job_id);
+}
+
 absl::Time Coordinator::Tick() {
   std::vector<Completion> completions;
   uint64_t seq = 0;
@@ -401,164 +385,35 @@ void Coordinator::WakeDriver() {
   tick_cv_.SignalAll();
 }
 
-// --- JobService ---
+// --- The RPCs ---
 
-void Coordinator::SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done, Caller caller) {
-  Run<v1::Job>(
-      "",
-      [this, req, caller](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Submit(req, now, caller));
-        return Ready(std::move(job));
+template <typename Req, typename Resp>
+void Coordinator::Serve(Answerer<Req, Resp> answer, const Req& req, Done<Resp> done,
+                        CallContext ctx) {
+  ctx.arrived = options_.clock->Now();
+  std::shared_ptr<CallHandle> handle = ctx.handle;
+  Run<Resp>(
+      JobIdOfRequest(req),
+      [this, answer, req, ctx = std::move(ctx)](absl::Time now) -> absl::StatusOr<Answer<Resp>> {
+        return (this->*answer)(req, ctx, now);
       },
-      std::move(done), nullptr);
+      std::move(done), std::move(handle));
 }
 
-void Coordinator::GetJob(const v1::GetJobRequest& req, Done<v1::Job> done) {
-  Run<v1::Job>(
-      "",
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Get(req.job_id()));
-        AddThroughput(registry_, now, &job);
-        return Ready(std::move(job));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResponse> done) {
-  Run<v1::ListJobsResponse>(
-      "",
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ListJobsResponse>> {
-        ASSIGN_OR_RETURN(v1::ListJobsResponse resp, registry_.ListJobs(req));
-        for (v1::Job& j : *resp.mutable_jobs()) AddThroughput(registry_, now, &j);
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done, Caller caller) {
-  Run<v1::Job>(
-      req.job_id(),
-      [this, req, caller](absl::Time now) -> absl::StatusOr<Answer<v1::Job>> {
-        ASSIGN_OR_RETURN(v1::Job job, registry_.Cancel(req, now, caller));
-        AddThroughput(registry_, now, &job);
-        return Ready(std::move(job));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::ListUpdates(const v1::ListUpdatesRequest& req,
-                              Done<v1::ListUpdatesResponse> done) {
-  Run<v1::ListUpdatesResponse>(
-      "",
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::ListUpdatesResponse>> {
-        ASSIGN_OR_RETURN(v1::ListUpdatesResponse resp, registry_.ListUpdates(req));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::ListWorkers(const v1::ListWorkersRequest& req,
-                              Done<v1::ListWorkersResponse> done) {
-  Run<v1::ListWorkersResponse>(
-      "",
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ListWorkersResponse>> {
-        ASSIGN_OR_RETURN(v1::ListWorkersResponse resp, registry_.ListWorkersPage(req, now));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
+#define TRAINSTEP_DEFINE_CALL(Method, Req, Resp, access)                                          \
+  void Coordinator::Method(const v1::Req& req, Done<v1::Resp> done, CallContext ctx) {            \
+    Serve<v1::Req, v1::Resp>(&Coordinator::Answer##Method, req, std::move(done), std::move(ctx)); \
+  }
+TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_DEFINE_CALL)
+TRAINSTEP_WORKER_SERVICE_UNARY(TRAINSTEP_DEFINE_CALL)
+#undef TRAINSTEP_DEFINE_CALL
 
 void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
                            Done<WatchBatch> done, std::shared_ptr<CallHandle> handle) {
   Run<WatchBatch>(
       job_id,
       [this, job_id, cursor](absl::Time now) -> absl::StatusOr<Answer<WatchBatch>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(job_id));
-        WatchBatch b;
-        b.cursor = cursor;
-        v1::Job job = m->Job();
-        std::string serialized = ComparableBytes(job);
-        if (serialized != cursor.last_job_state) {
-          b.job = std::move(job);
-          AddThroughput(registry_, now, &*b.job);  // after the comparison: time alone is no news
-          b.cursor.last_job_state = std::move(serialized);
-        }
-        const std::vector<v1::UpdateRecord>& updates = m->updates();
-        const size_t end = std::min(m->WatchableUpdates(), cursor.next_update + kWatchBatchLimit);
-        for (size_t i = cursor.next_update; i < end; ++i) b.updates.push_back(updates[i]);
-        b.cursor.next_update = std::max(cursor.next_update, end);
-        b.end = m->terminal() && b.cursor.next_update >= updates.size();
-        Answer<WatchBatch> a;
-        a.ready = b.job.has_value() || !b.updates.empty() || b.end;
-        a.response = std::move(b);
-        return a;
-      },
-      std::move(done), std::move(handle));
-}
-
-// --- WorkerService ---
-
-void Coordinator::RegisterWorker(const v1::RegisterWorkerRequest& req,
-                                 Done<v1::RegisterWorkerResponse> done) {
-  Run<v1::RegisterWorkerResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::RegisterWorkerResponse>> {
-        ASSIGN_OR_RETURN(v1::RegisterWorkerResponse resp, registry_.RegisterWorker(req, now));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatResponse> done) {
-  Run<v1::HeartbeatResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        ASSIGN_OR_RETURN(v1::HeartbeatResponse resp, m->Heartbeat(req, now));
-        resp.set_coordinator_id(id_);
-        resp.set_state_version(m->version());
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-template <typename Resp>
-void Coordinator::ObserveBarrier(const char* rpc, const char* phase,
-                                 const absl::StatusOr<Answer<Resp>>& answer, absl::Time arrived,
-                                 absl::Time now) const {
-  if (options_.metrics == nullptr) return;
-  if (!answer.ok()) {
-    options_.metrics->OnRejected(rpc, absl::StatusCodeToString(answer.status().code()));
-  } else if (answer->ready) {
-    options_.metrics->OnBarrierWait(phase, absl::ToDoubleSeconds(now - arrived));
-  }
-}
-
-void Coordinator::BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginWindowResponse> done,
-                              std::shared_ptr<CallHandle> handle) {
-  const absl::Time arrived = options_.clock->Now();
-  Run<v1::BeginWindowResponse>(
-      req.job_id(),
-      [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::BeginWindowResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        absl::StatusOr<Answer<v1::BeginWindowResponse>> a = m->BeginWindow(req, now);
-        ObserveBarrier("BeginWindow", "begin", a, arrived, now);
-        return a;
-      },
-      std::move(done), std::move(handle));
-}
-
-void Coordinator::CompleteWindow(const v1::CompleteWindowRequest& req,
-                                 Done<v1::CompleteWindowResponse> done,
-                                 std::shared_ptr<CallHandle> handle) {
-  const absl::Time arrived = options_.clock->Now();
-  Run<v1::CompleteWindowResponse>(
-      req.job_id(),
-      [this, req, arrived](absl::Time now) -> absl::StatusOr<Answer<v1::CompleteWindowResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        absl::StatusOr<Answer<v1::CompleteWindowResponse>> a = m->CompleteWindow(req, now);
-        ObserveBarrier("CompleteWindow", "complete", a, arrived, now);
-        return a;
+        return NextWatchBatch(job_id, cursor, now);
       },
       std::move(done), std::move(handle));
 }
@@ -568,13 +423,7 @@ void Coordinator::Attach(const v1::AttachRequest& req, uint64_t seq, const std::
   Run<v1::HeartbeatResponse>(
       req.job_id(),
       [this, req, seq, last_sent](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        Answer<v1::HeartbeatResponse> a;
-        ASSIGN_OR_RETURN(a.response, m->Attach(req, seq, now));
-        a.response.set_coordinator_id(id_);
-        a.ready = PlaceKey(a.response) != last_sent;  // not every change of the job: its place
-        a.response.set_state_version(m->version());
-        return a;
+        return NextPlace(req, seq, last_sent, now);
       },
       std::move(done), std::move(handle));
 }
@@ -587,163 +436,6 @@ void Coordinator::Detached(const v1::AttachRequest& req, uint64_t seq) {
   (*m)->Detached(req.worker_id(), seq, options_.clock->Now());
   tick_due_ = true;  // the lease now ends sooner than the driver planned to wake
   tick_cv_.SignalAll();
-}
-
-void Coordinator::AckCheckpoint(const v1::AckCheckpointRequest& req,
-                                Done<v1::AckCheckpointResponse> done) {
-  Run<v1::AckCheckpointResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::AckCheckpointResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        RETURN_IF_ERROR(m->AckCheckpoint(req, now));
-        return Ready(v1::AckCheckpointResponse());
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::ReportEval(const v1::ReportEvalRequest& req, Done<v1::ReportEvalResponse> done,
-                             std::shared_ptr<CallHandle> handle) {
-  Run<v1::ReportEvalResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportEvalResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        absl::StatusOr<Answer<v1::ReportEvalResponse>> a = m->ReportEval(req, now);
-        if (options_.metrics != nullptr && !a.ok()) {
-          options_.metrics->OnRejected("ReportEval", absl::StatusCodeToString(a.status().code()));
-        }
-        return a;
-      },
-      std::move(done), std::move(handle));
-}
-
-void Coordinator::ReportFailure(const v1::ReportFailureRequest& req,
-                                Done<v1::ReportFailureResponse> done) {
-  Run<v1::ReportFailureResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::ReportFailureResponse>> {
-        RETURN_IF_ERROR(registry_.ReportFailure(req, now));
-        return Ready(v1::ReportFailureResponse());
-      },
-      std::move(done), nullptr);
-}
-
-// --- Store ---
-
-void Coordinator::StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done) {
-  Run<v1::StoreSetResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreSetResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        RETURN_IF_ERROR(StoreOf(req.job_id()).Set(req.key(), req.value()));
-        return Ready(v1::StoreSetResponse());
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
-                           std::shared_ptr<CallHandle> handle) {
-  Run<v1::StoreGetResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::StoreGetResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        RETURN_IF_ERROR(m->CheckRendezvousKey(req.key()));
-        Answer<v1::StoreGetResponse> a;
-        std::optional<std::string> value = StoreOf(req.job_id()).Get(req.key());
-        if (value.has_value()) {
-          a.ready = true;
-          a.response.set_value(std::move(*value));
-        } else {
-          RETURN_IF_ERROR(m->RendezvousKeyMissing(req.key(), now));
-        }
-        return a;
-      },
-      std::move(done), std::move(handle));
-}
-
-void Coordinator::StoreAdd(const v1::StoreAddRequest& req, Done<v1::StoreAddResponse> done) {
-  Run<v1::StoreAddResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreAddResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        ASSIGN_OR_RETURN(int64_t value, StoreOf(req.job_id()).Add(req.key(), req.delta()));
-        v1::StoreAddResponse resp;
-        resp.set_value(value);
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::StoreCompareSet(const v1::StoreCompareSetRequest& req,
-                                  Done<v1::StoreCompareSetResponse> done) {
-  Run<v1::StoreCompareSetResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCompareSetResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        v1::StoreCompareSetResponse resp;
-        ASSIGN_OR_RETURN(
-            *resp.mutable_value(),
-            StoreOf(req.job_id()).CompareSet(req.key(), req.expected(), req.desired()));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::StoreCheck(const v1::StoreCheckRequest& req, Done<v1::StoreCheckResponse> done) {
-  Run<v1::StoreCheckResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreCheckResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        v1::StoreCheckResponse resp;
-        resp.set_all_present(StoreOf(req.job_id()).HasAll({req.keys().begin(), req.keys().end()}));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitResponse> done,
-                            std::shared_ptr<CallHandle> handle) {
-  Run<v1::StoreWaitResponse>(
-      req.job_id(),
-      [this, req](absl::Time now) -> absl::StatusOr<Answer<v1::StoreWaitResponse>> {
-        ASSIGN_OR_RETURN(StepMachine * m, registry_.Machine(req.job_id()));
-        for (const std::string& key : req.keys()) RETURN_IF_ERROR(m->CheckRendezvousKey(key));
-        Answer<v1::StoreWaitResponse> a;
-        KvStore& store = StoreOf(req.job_id());
-        a.ready = store.HasAll({req.keys().begin(), req.keys().end()});
-        for (const std::string& key : req.keys()) {
-          if (!a.ready && !store.Get(key).has_value()) {
-            RETURN_IF_ERROR(m->RendezvousKeyMissing(key, now));
-          }
-        }
-        return a;
-      },
-      std::move(done), std::move(handle));
-}
-
-void Coordinator::StoreDeleteKey(const v1::StoreDeleteKeyRequest& req,
-                                 Done<v1::StoreDeleteKeyResponse> done) {
-  Run<v1::StoreDeleteKeyResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreDeleteKeyResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        v1::StoreDeleteKeyResponse resp;
-        resp.set_deleted(StoreOf(req.job_id()).Delete(req.key()));
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
-}
-
-void Coordinator::StoreNumKeys(const v1::StoreNumKeysRequest& req,
-                               Done<v1::StoreNumKeysResponse> done) {
-  Run<v1::StoreNumKeysResponse>(
-      req.job_id(),
-      [this, req](absl::Time) -> absl::StatusOr<Answer<v1::StoreNumKeysResponse>> {
-        RETURN_IF_ERROR(registry_.Machine(req.job_id()).status());
-        v1::StoreNumKeysResponse resp;
-        resp.set_num_keys(StoreOf(req.job_id()).size());
-        return Ready(std::move(resp));
-      },
-      std::move(done), nullptr);
 }
 
 }  // namespace trainstep

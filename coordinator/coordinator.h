@@ -26,28 +26,15 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/env.h"
+#include "coordinator/call.h"
 #include "coordinator/job_registry.h"
 #include "coordinator/journal.h"
-#include "coordinator/kv_store.h"
 #include "coordinator/limits.h"
 #include "coordinator/metrics.h"
+#include "coordinator/rpc_table.h"
+#include "coordinator/store/kv_store.h"
 
 namespace trainstep {
-
-template <typename T>
-using Done = std::function<void(absl::StatusOr<T>)>;
-
-// Shared by an RPC and the coordinator. Whoever claims it first answers the call: the
-// coordinator's answer or the RPC layer's cancellation (deadline, client gone). A claimed
-// handle tells the coordinator to stop polling the call.
-class CallHandle {
- public:
-  bool Claim() { return !claimed_.exchange(true); }
-  bool claimed() const { return claimed_.load(); }
-
- private:
-  std::atomic<bool> claimed_{false};
-};
 
 // What a WatchJob stream has seen so far.
 struct WatchCursor {
@@ -94,47 +81,27 @@ class Coordinator {
   // Random, chosen when this process opened the journal (HeartbeatResponse.coordinator_id).
   const std::string& id() const { return id_; }
 
-  // --- JobService ---
-  // `caller`: who asks, as the RPC layer's authorization found it (job_registry.h).
-  void SubmitJob(const v1::SubmitJobRequest& req, Done<v1::Job> done, Caller caller = {});
-  void GetJob(const v1::GetJobRequest& req, Done<v1::Job> done);
-  void ListJobs(const v1::ListJobsRequest& req, Done<v1::ListJobsResponse> done);
-  void CancelJob(const v1::CancelJobRequest& req, Done<v1::Job> done, Caller caller = {});
-  void ListUpdates(const v1::ListUpdatesRequest& req, Done<v1::ListUpdatesResponse> done);
-  void ListWorkers(const v1::ListWorkersRequest& req, Done<v1::ListWorkersResponse> done);
-  // Answers as soon as there is something new after `cursor` (or the job ended).
+  // --- The unary RPCs (rpc_table.h) ---
+  // Each: `done` gets the answer once the state it reveals is durable. A call that waits (a
+  // barrier, a store key) is kept until it can be answered, its handle is claimed, or
+  // Shutdown.
+#define TRAINSTEP_DECLARE_CALL(Method, Req, Resp, access) \
+  void Method(const v1::Req& req, Done<v1::Resp> done, CallContext ctx = {});
+  TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_DECLARE_CALL)
+  TRAINSTEP_WORKER_SERVICE_UNARY(TRAINSTEP_DECLARE_CALL)
+#undef TRAINSTEP_DECLARE_CALL
+
+  // --- The streams ---
+  // One poll of a WatchJob stream: answers as soon as there is something new after `cursor`
+  // (or the job ended).
   void WatchJob(const std::string& job_id, const WatchCursor& cursor, Done<WatchBatch> done,
                 std::shared_ptr<CallHandle> handle);
-
-  // --- WorkerService ---
-  void RegisterWorker(const v1::RegisterWorkerRequest& req, Done<v1::RegisterWorkerResponse> done);
-  void Heartbeat(const v1::HeartbeatRequest& req, Done<v1::HeartbeatResponse> done);
-  void BeginWindow(const v1::BeginWindowRequest& req, Done<v1::BeginWindowResponse> done,
-                   std::shared_ptr<CallHandle> handle);
-  void CompleteWindow(const v1::CompleteWindowRequest& req, Done<v1::CompleteWindowResponse> done,
-                      std::shared_ptr<CallHandle> handle);
-  void AckCheckpoint(const v1::AckCheckpointRequest& req, Done<v1::AckCheckpointResponse> done);
-  void ReportEval(const v1::ReportEvalRequest& req, Done<v1::ReportEvalResponse> done,
-                  std::shared_ptr<CallHandle> handle);
-  void ReportFailure(const v1::ReportFailureRequest& req, Done<v1::ReportFailureResponse> done);
   // One poll of Attach stream `seq` (the caller numbers streams, unique in this process): the
   // worker's place, answered once it differs from `last_sent` (serialized; "" = none sent).
   void Attach(const v1::AttachRequest& req, uint64_t seq, const std::string& last_sent,
               Done<v1::HeartbeatResponse> done, std::shared_ptr<CallHandle> handle);
   // Stream `seq` dropped: the worker's lease ends after the machine's detach grace.
   void Detached(const v1::AttachRequest& req, uint64_t seq);
-
-  void StoreSet(const v1::StoreSetRequest& req, Done<v1::StoreSetResponse> done);
-  void StoreGet(const v1::StoreGetRequest& req, Done<v1::StoreGetResponse> done,
-                std::shared_ptr<CallHandle> handle);
-  void StoreAdd(const v1::StoreAddRequest& req, Done<v1::StoreAddResponse> done);
-  void StoreCompareSet(const v1::StoreCompareSetRequest& req,
-                       Done<v1::StoreCompareSetResponse> done);
-  void StoreCheck(const v1::StoreCheckRequest& req, Done<v1::StoreCheckResponse> done);
-  void StoreWait(const v1::StoreWaitRequest& req, Done<v1::StoreWaitResponse> done,
-                 std::shared_ptr<CallHandle> handle);
-  void StoreDeleteKey(const v1::StoreDeleteKeyRequest& req, Done<v1::StoreDeleteKeyResponse> done);
-  void StoreNumKeys(const v1::StoreNumKeysRequest& req, Done<v1::StoreNumKeysResponse> done);
 
   // --- Driver ---
   // Expires leases, drops abandoned waiters, snapshots the journal when due. Returns the
@@ -166,6 +133,32 @@ class Coordinator {
 
   explicit Coordinator(CoordinatorOptions options);
 
+  // The body of each unary RPC, run under mu_ (job_calls.cc, worker_calls.cc,
+  // store/store_calls.cc): a ready answer, or "ask again when the job changes".
+#define TRAINSTEP_DECLARE_ANSWER(Method, Req, Resp, access)                                   \
+  absl::StatusOr<Answer<v1::Resp>> Answer##Method(const v1::Req& req, const CallContext& ctx, \
+                                                  absl::Time now)                             \
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_DECLARE_ANSWER)
+  TRAINSTEP_WORKER_SERVICE_UNARY(TRAINSTEP_DECLARE_ANSWER)
+#undef TRAINSTEP_DECLARE_ANSWER
+  // The streams' polls.
+  absl::StatusOr<Answer<WatchBatch>> NextWatchBatch(const std::string& job_id,
+                                                    const WatchCursor& cursor, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Answer<v1::HeartbeatResponse>> NextPlace(const v1::AttachRequest& req,
+                                                          uint64_t seq,
+                                                          const std::string& last_sent,
+                                                          absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  template <typename Req, typename Resp>
+  using Answerer = absl::StatusOr<Answer<Resp>> (Coordinator::*)(const Req&, const CallContext&,
+                                                                 absl::Time);
+  // A unary RPC: notes when it arrived, then Runs `answer` under the job the request names.
+  template <typename Req, typename Resp>
+  void Serve(Answerer<Req, Resp> answer, const Req& req, Done<Resp> done, CallContext ctx);
+
   // The one path every call takes: poll under the lock, keep it waiting if not ready,
   // journal what changed, re-poll the job's other waiters, deliver after sync.
   template <typename Resp>
@@ -194,11 +187,16 @@ class Coordinator {
   // turns false. The first cause wins; any thread.
   void JournalFailed(const absl::Status& status);
   KvStore& StoreOf(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A barrier call's metrics: refused (by code) or answered after waiting since `arrived`.
-  template <typename Resp>
-  void ObserveBarrier(const char* rpc, const char* phase,
-                      const absl::StatusOr<Answer<Resp>>& answer, absl::Time arrived,
-                      absl::Time now) const;
+  // The store of a job the registry knows; NOT_FOUND for any other.
+  absl::StatusOr<KvStore*> KnownJobStore(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A barrier call: `call` on the job's machine, counted as refused (by its code) or, once
+  // answered, as having waited since `arrived` in `phase` (null: no wait is timed).
+  template <typename Resp, typename Call>
+  absl::StatusOr<Answer<Resp>> ObservedBarrier(const char* rpc, const char* phase,
+                                               const std::string& job_id, absl::Time arrived,
+                                               absl::Time now, Call call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CoordinatorOptions options_;
   std::unique_ptr<Journal> journal_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/request_job_id.h"
 #include "coordinator/rpc_auth.h"
 
 namespace trainstep {
@@ -29,18 +30,6 @@ class UnaryReactor : public grpc::ServerUnaryReactor {
  private:
   std::shared_ptr<CallHandle> handle_;
 };
-
-// The job a request is about: its job_id field ("" for requests without one). Read by
-// reflection so that no handler can forget to pass it to the authorization.
-template <typename Req>
-std::string JobIdOfRequest(const Req& req) {
-  const google::protobuf::FieldDescriptor* f = Req::descriptor()->FindFieldByName("job_id");
-  if (f == nullptr || f->type() != google::protobuf::FieldDescriptor::TYPE_STRING ||
-      f->is_repeated()) {
-    return "";
-  }
-  return req.GetReflection()->GetString(req, f);
-}
 
 // The one authorization check of every RPC: the caller, or the refusal to answer with.
 // Without an authorizer (no TLS or auth flag) everyone is an anonymous caller.
@@ -59,13 +48,15 @@ class RefusedWriteReactor : public grpc::ServerWriteReactor<Event> {
   void OnDone() override { delete this; }
 };
 
-// Authorizes the call, then starts `call(done, handle, caller)`; `done` fills `*response` and
+// Authorizes the call, then starts the Coordinator's `call`; its `done` fills `*response` and
 // finishes the RPC. A PERMISSION_DENIED answer (the coordinator's own-jobs check) is counted
 // and logged as the authorizer's refusals are.
-template <typename Req, typename Resp, typename Call>
+template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* ServeUnary(RpcAuthorizer* auth, grpc::CallbackServerContext* ctx,
                                      const char* method, const Req& req, Resp* response,
-                                     Call&& call) {
+                                     Coordinator* c,
+                                     void (Coordinator::*call)(const Req&, Done<Resp>,
+                                                               CallContext)) {
   auto* reactor = new UnaryReactor();
   std::shared_ptr<CallHandle> handle = reactor->handle();
   absl::StatusOr<Caller> caller = AuthorizeCall(auth, ctx, method, req);
@@ -83,9 +74,20 @@ grpc::ServerUnaryReactor* ServeUnary(RpcAuthorizer* auth, grpc::CallbackServerCo
     }
     reactor->Finish(ToGrpcStatus(result.status()));
   };
-  call(std::move(done), handle, *std::move(caller));
+  (c->*call)(req, std::move(done), CallContext(handle, *std::move(caller)));
   return reactor;
 }
+
+// A service's handler of a unary line of rpc_table.h, declared in its class and defined (for
+// `Service`, whose members c_ and auth_ it uses) in its .cc.
+#define TRAINSTEP_DECLARE_UNARY_HANDLER(Method, Req, Resp, access)                       \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const v1::Req* req, \
+                                   v1::Resp* resp) override;
+#define TRAINSTEP_DEFINE_UNARY_HANDLER(Service, Method, Req, Resp)                                \
+  grpc::ServerUnaryReactor* Service::Method(grpc::CallbackServerContext* ctx, const v1::Req* req, \
+                                            v1::Resp* resp) {                                     \
+    return ServeUnary(auth_, ctx, #Method, *req, resp, c_, &Coordinator::Method);                 \
+  }
 
 }  // namespace trainstep
 

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/record_position.h"
-#include "coordinator/grpc_adapters.h"
 
 namespace trainstep {
 namespace {
@@ -160,31 +159,10 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchJobEvent> {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx,
-                                                    const v1::SubmitJobRequest* req,
-                                                    v1::Job* resp) {
-  return ServeUnary(auth_, ctx, "SubmitJob", *req, resp,
-                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller caller) {
-                      c_->SubmitJob(*req, std::move(done), std::move(caller));
-                    });
-}
-
-grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
-                                                 const v1::GetJobRequest* req, v1::Job* resp) {
-  return ServeUnary(auth_, ctx, "GetJob", *req, resp,
-                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller) {
-                      c_->GetJob(*req, std::move(done));
-                    });
-}
-
-grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
-                                                   const v1::ListJobsRequest* req,
-                                                   v1::ListJobsResponse* resp) {
-  return ServeUnary(auth_, ctx, "ListJobs", *req, resp,
-                    [&](Done<v1::ListJobsResponse> done, std::shared_ptr<CallHandle>, Caller) {
-                      c_->ListJobs(*req, std::move(done));
-                    });
-}
+#define TRAINSTEP_JOB_HANDLER(Method, Req, Resp, access) \
+  TRAINSTEP_DEFINE_UNARY_HANDLER(JobServiceImpl, Method, Req, Resp)
+TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_JOB_HANDLER)
+#undef TRAINSTEP_JOB_HANDLER
 
 grpc::ServerWriteReactor<v1::WatchJobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* req) {
@@ -195,33 +173,6 @@ grpc::ServerWriteReactor<v1::WatchJobEvent>* JobServiceImpl::WatchJob(
     return new RefusedWriteReactor<v1::WatchJobEvent>(s);
   }
   return new WatchReactor(c_, *req);
-}
-
-grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* ctx,
-                                                    const v1::CancelJobRequest* req,
-                                                    v1::Job* resp) {
-  return ServeUnary(auth_, ctx, "CancelJob", *req, resp,
-                    [&](Done<v1::Job> done, std::shared_ptr<CallHandle>, Caller caller) {
-                      c_->CancelJob(*req, std::move(done), std::move(caller));
-                    });
-}
-
-grpc::ServerUnaryReactor* JobServiceImpl::ListUpdates(grpc::CallbackServerContext* ctx,
-                                                      const v1::ListUpdatesRequest* req,
-                                                      v1::ListUpdatesResponse* resp) {
-  return ServeUnary(auth_, ctx, "ListUpdates", *req, resp,
-                    [&](Done<v1::ListUpdatesResponse> done, std::shared_ptr<CallHandle>, Caller) {
-                      c_->ListUpdates(*req, std::move(done));
-                    });
-}
-
-grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* ctx,
-                                                      const v1::ListWorkersRequest* req,
-                                                      v1::ListWorkersResponse* resp) {
-  return ServeUnary(auth_, ctx, "ListWorkers", *req, resp,
-                    [&](Done<v1::ListWorkersResponse> done, std::shared_ptr<CallHandle>, Caller) {
-                      c_->ListWorkers(*req, std::move(done));
-                    });
 }
 
 }  // namespace trainstep

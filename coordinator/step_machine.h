@@ -70,6 +70,15 @@ struct Answer {
   Response response;
 };
 
+// An answer that needed no waiting.
+template <typename Response>
+Answer<Response> Ready(Response response) {
+  Answer<Response> a;
+  a.ready = true;
+  a.response = std::move(response);
+  return a;
+}
+
 class StepMachine {
  public:
   // A machine for a job just submitted. `job` carries id, name, resolved spec and times.
@@ -109,14 +118,16 @@ class StepMachine {
   // worker was declared lost.
   absl::StatusOr<v1::HeartbeatResponse> Attach(const v1::AttachRequest& req, uint64_t seq,
                                                absl::Time now);
-  // ABORTED for a waiting rendezvous read of a generation's key (under "<job>/g") once that
-  // generation is over: its ranks rejoin at once instead of at their wait's deadline.
-  absl::Status CheckRendezvousKey(const std::string& key) const;
-  // A rendezvous read waits for `key`, which the store lacks. The store is not journaled: if
-  // the key belongs to the generation that was live when this coordinator recovered, its
-  // ranks may have set it before the restart, and would wait for it for ever. That generation
-  // ends (a new one rendezvouses afresh) and the read is answered ABORTED. OK otherwise.
-  absl::Status RendezvousKeyMissing(const std::string& key, absl::Time now);
+  // ABORTED for a waiting rendezvous read of `key` by a rank of `generation` (the request's
+  // field; 0: none, never refused) once that generation is over: its ranks rejoin at once
+  // instead of at their wait's deadline.
+  absl::Status CheckRendezvousKey(int64_t generation, const std::string& key) const;
+  // A rendezvous read by a rank of `generation` waits for `key`, which the store lacks. The
+  // store is not journaled: if that is the generation that was live when this coordinator
+  // recovered, its ranks may have set the key before the restart, and would wait for it for
+  // ever. That generation ends (a new one rendezvouses afresh) and the read is answered
+  // ABORTED. OK otherwise.
+  absl::Status RendezvousKeyMissing(int64_t generation, const std::string& key, absl::Time now);
   // Stream `seq` of `worker_id` dropped (its process died, or its connection did).
   void Detached(const std::string& worker_id, uint64_t seq, absl::Time now);
 

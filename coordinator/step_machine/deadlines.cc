@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/step_machine.h"
 
@@ -41,15 +39,10 @@ void StepMachine::Recovered(absl::Time now) {
   recovered_generation_ = membership_.generation();
 }
 
-absl::Status StepMachine::CheckRendezvousKey(const std::string& key) const {
-  // Keys are "<job>/g<generation>/..." (the assignment's store prefix).
-  const std::string prefix = absl::StrCat(job_id(), "/g");
-  if (!absl::StartsWith(key, prefix)) return absl::OkStatus();
-  const absl::string_view rest = absl::string_view(key).substr(prefix.size());
-  int64_t generation = 0;
-  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &generation)) return absl::OkStatus();
+absl::Status StepMachine::CheckRendezvousKey(int64_t generation, const std::string& key) const {
   const int64_t current = membership_.generation();
-  if (generation > current || (generation == current && membership_.generation_live())) {
+  if (generation == 0 || generation > current ||
+      (generation == current && membership_.generation_live())) {
     return absl::OkStatus();
   }
   return absl::AbortedError(absl::StrCat("rendezvous key ", key, " belongs to generation ",
@@ -57,10 +50,10 @@ absl::Status StepMachine::CheckRendezvousKey(const std::string& key) const {
                                          current, membership_.generation_live() ? "" : " (ended)"));
 }
 
-absl::Status StepMachine::RendezvousKeyMissing(const std::string& key, absl::Time now) {
-  if (recovered_generation_ == 0 || recovered_generation_ != membership_.generation() ||
-      !membership_.generation_live() ||
-      !absl::StartsWith(key, absl::StrCat(job_id(), "/g", recovered_generation_, "/"))) {
+absl::Status StepMachine::RendezvousKeyMissing(int64_t generation, const std::string& key,
+                                               absl::Time now) {
+  if (recovered_generation_ == 0 || generation != recovered_generation_ ||
+      recovered_generation_ != membership_.generation() || !membership_.generation_live()) {
     return absl::OkStatus();
   }
   AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);

@@ -315,14 +315,14 @@ TEST_F(SecurityProcessTest, EachRoleIsAllowedItsCallsAndRefusedTheRest) {
   const std::string live = JobIdOf(third);
   ChannelSecurity viewer = Client("");
   viewer.token = kViewerToken;
-  EXPECT_EQ(WorkerClient(MakeChannel(at, viewer)).StoreNumKeys(live).status().code(),
+  EXPECT_EQ(WorkerClient(MakeChannel(at, viewer)).StoreNumKeys({live}).status().code(),
             absl::StatusCode::kPermissionDenied);
   ChannelSecurity alice = Client("");
   alice.token = kAliceToken;
-  EXPECT_EQ(WorkerClient(MakeChannel(at, alice)).StoreNumKeys(live).status().code(),
+  EXPECT_EQ(WorkerClient(MakeChannel(at, alice)).StoreNumKeys({live}).status().code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("worker"))).StoreNumKeys(live).ok());
-  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("client"))).StoreNumKeys(live).ok());
+  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("worker"))).StoreNumKeys({live}).ok());
+  EXPECT_TRUE(WorkerClient(MakeChannel(at, Client("client"))).StoreNumKeys({live}).ok());
 
   // A worker limited to one job (the file re-read while serving): that job only, and a
   // registration must name it.
@@ -333,12 +333,12 @@ TEST_F(SecurityProcessTest, EachRoleIsAllowedItsCallsAndRefusedTheRest) {
   WorkerClient limited(MakeChannel(at, Client("worker")), quick);
   // The roles are re-read every second: wait until the new line has taken effect (a loaded
   // machine can delay the reload well past a second), not for a fixed time.
-  absl::StatusOr<int64_t> other = limited.StoreNumKeys(alices);
+  absl::StatusOr<int64_t> other = limited.StoreNumKeys({alices});
   for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
-       other.ok() && absl::Now() < give_up; other = limited.StoreNumKeys(alices)) {
+       other.ok() && absl::Now() < give_up; other = limited.StoreNumKeys({alices})) {
     Nap(absl::Milliseconds(200));
   }
-  EXPECT_TRUE(limited.StoreNumKeys(live).ok());
+  EXPECT_TRUE(limited.StoreNumKeys({live}).ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(other.status().message(), HasSubstr("a worker of " + live + " only"));
   v1::RegisterWorkerRequest anywhere;

@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(std::shared_ptr<
                                                                 const std::string& job_id,
                                                                 const v1::Assignment& a,
                                                                 const CollectiveOptions& options) {
-  auto base =
-      c10::make_intrusive<CoordinatorStore>(std::move(client), job_id, Millis(options.timeout));
+  auto base = c10::make_intrusive<CoordinatorStore>(
+      std::move(client), StoreScope{job_id, a.generation()}, Millis(options.timeout));
   auto store = c10::make_intrusive<c10d::PrefixStore>(a.store_prefix(), base);
   return Connect(store, a.rank(), a.world_size(), absl::StrCat("generation ", a.generation()),
                  options);

@@ -23,12 +23,12 @@ T OrThrow(absl::StatusOr<T> r, const std::string& what) {
 
 }  // namespace
 
-CoordinatorStore::CoordinatorStore(std::shared_ptr<WorkerRpc> client, std::string job_id,
+CoordinatorStore::CoordinatorStore(std::shared_ptr<WorkerRpc> client, StoreScope scope,
                                    std::chrono::milliseconds timeout)
-    : c10d::Store(timeout), client_(std::move(client)), job_id_(std::move(job_id)) {}
+    : c10d::Store(timeout), client_(std::move(client)), scope_(std::move(scope)) {}
 
 void CoordinatorStore::set(const std::string& key, const std::vector<uint8_t>& value) {
-  absl::Status s = client_->StoreSet(job_id_, key, ToString(value));
+  absl::Status s = client_->StoreSet(scope_, key, ToString(value));
   TORCH_CHECK(s.ok(), "coordinator store set ", key, ": ", std::string(s.message()));
 }
 
@@ -36,35 +36,35 @@ std::vector<uint8_t> CoordinatorStore::compareSet(const std::string& key,
                                                   const std::vector<uint8_t>& expected,
                                                   const std::vector<uint8_t>& desired) {
   return ToBytes(
-      OrThrow(client_->StoreCompareSet(job_id_, key, ToString(expected), ToString(desired)),
+      OrThrow(client_->StoreCompareSet(scope_, key, ToString(expected), ToString(desired)),
               "compareSet " + key));
 }
 
 std::vector<uint8_t> CoordinatorStore::get(const std::string& key) {
-  return ToBytes(OrThrow(client_->StoreGet(job_id_, key, ToAbsl(timeout_)), "get " + key));
+  return ToBytes(OrThrow(client_->StoreGet(scope_, key, ToAbsl(timeout_)), "get " + key));
 }
 
 int64_t CoordinatorStore::add(const std::string& key, int64_t value) {
-  return OrThrow(client_->StoreAdd(job_id_, key, value), "add " + key);
+  return OrThrow(client_->StoreAdd(scope_, key, value), "add " + key);
 }
 
 bool CoordinatorStore::deleteKey(const std::string& key) {
-  return OrThrow(client_->StoreDeleteKey(job_id_, key), "deleteKey " + key);
+  return OrThrow(client_->StoreDeleteKey(scope_, key), "deleteKey " + key);
 }
 
 bool CoordinatorStore::check(const std::vector<std::string>& keys) {
-  return OrThrow(client_->StoreCheck(job_id_, keys), "check");
+  return OrThrow(client_->StoreCheck(scope_, keys), "check");
 }
 
 int64_t CoordinatorStore::getNumKeys() {
-  return OrThrow(client_->StoreNumKeys(job_id_), "getNumKeys");
+  return OrThrow(client_->StoreNumKeys(scope_), "getNumKeys");
 }
 
 void CoordinatorStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void CoordinatorStore::wait(const std::vector<std::string>& keys,
                             const std::chrono::milliseconds& timeout) {
-  absl::Status s = client_->StoreWait(job_id_, keys, ToAbsl(timeout));
+  absl::Status s = client_->StoreWait(scope_, keys, ToAbsl(timeout));
   TORCH_CHECK(s.ok(), "coordinator store wait: ", std::string(s.message()));
 }
 

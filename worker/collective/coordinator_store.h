@@ -18,7 +18,9 @@ namespace trainstep {
 class CoordinatorStore : public c10d::Store {
  public:
   // Shares `client`: a group given up while connecting keeps using the store on its own thread.
-  CoordinatorStore(std::shared_ptr<WorkerRpc> client, std::string job_id,
+  // Every call names `scope`: its generation lets the coordinator end a dead generation's
+  // waits at once.
+  CoordinatorStore(std::shared_ptr<WorkerRpc> client, StoreScope scope,
                    std::chrono::milliseconds timeout);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -35,7 +37,7 @@ class CoordinatorStore : public c10d::Store {
 
  private:
   std::shared_ptr<WorkerRpc> client_;
-  std::string job_id_;
+  const StoreScope scope_;
 };
 
 }  // namespace trainstep

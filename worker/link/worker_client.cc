@@ -162,10 +162,11 @@ absl::Status WorkerClient::ReportFailure(const v1::ReportFailureRequest& req) {
       .status();
 }
 
-absl::Status WorkerClient::StoreSet(const std::string& job_id, const std::string& key,
+absl::Status WorkerClient::StoreSet(const StoreScope& scope, const std::string& key,
                                     const std::string& value) {
   v1::StoreSetRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   req.set_key(key);
   req.set_value(value);
   return CallWaiting<v1::StoreSetRequest, v1::StoreSetResponse>(&v1::WorkerService::Stub::StoreSet,
@@ -173,10 +174,11 @@ absl::Status WorkerClient::StoreSet(const std::string& job_id, const std::string
       .status();
 }
 
-absl::StatusOr<std::string> WorkerClient::StoreGet(const std::string& job_id,
-                                                   const std::string& key, absl::Duration timeout) {
+absl::StatusOr<std::string> WorkerClient::StoreGet(const StoreScope& scope, const std::string& key,
+                                                   absl::Duration timeout) {
   v1::StoreGetRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   req.set_key(key);
   absl::StatusOr<v1::StoreGetResponse> r = CallWaiting<v1::StoreGetRequest, v1::StoreGetResponse>(
       &v1::WorkerService::Stub::StoreGet, req, timeout);
@@ -184,10 +186,11 @@ absl::StatusOr<std::string> WorkerClient::StoreGet(const std::string& job_id,
   return r->value();
 }
 
-absl::StatusOr<int64_t> WorkerClient::StoreAdd(const std::string& job_id, const std::string& key,
+absl::StatusOr<int64_t> WorkerClient::StoreAdd(const StoreScope& scope, const std::string& key,
                                                int64_t delta) {
   v1::StoreAddRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   req.set_key(key);
   req.set_delta(delta);
   // Not idempotent: one attempt (transparent retries only happen when nothing was sent).
@@ -197,12 +200,13 @@ absl::StatusOr<int64_t> WorkerClient::StoreAdd(const std::string& job_id, const 
   return r->value();
 }
 
-absl::StatusOr<std::string> WorkerClient::StoreCompareSet(const std::string& job_id,
+absl::StatusOr<std::string> WorkerClient::StoreCompareSet(const StoreScope& scope,
                                                           const std::string& key,
                                                           const std::string& expected,
                                                           const std::string& desired) {
   v1::StoreCompareSetRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   req.set_key(key);
   req.set_expected(expected);
   req.set_desired(desired);
@@ -213,10 +217,11 @@ absl::StatusOr<std::string> WorkerClient::StoreCompareSet(const std::string& job
   return r->value();
 }
 
-absl::StatusOr<bool> WorkerClient::StoreCheck(const std::string& job_id,
+absl::StatusOr<bool> WorkerClient::StoreCheck(const StoreScope& scope,
                                               const std::vector<std::string>& keys) {
   v1::StoreCheckRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   for (const std::string& k : keys) req.add_keys(k);
   absl::StatusOr<v1::StoreCheckResponse> r = Call<v1::StoreCheckRequest, v1::StoreCheckResponse>(
       &v1::WorkerService::Stub::StoreCheck, req, options_.rpc_timeout);
@@ -224,20 +229,21 @@ absl::StatusOr<bool> WorkerClient::StoreCheck(const std::string& job_id,
   return r->all_present();
 }
 
-absl::Status WorkerClient::StoreWait(const std::string& job_id,
-                                     const std::vector<std::string>& keys, absl::Duration timeout) {
+absl::Status WorkerClient::StoreWait(const StoreScope& scope, const std::vector<std::string>& keys,
+                                     absl::Duration timeout) {
   v1::StoreWaitRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   for (const std::string& k : keys) req.add_keys(k);
   return CallWaiting<v1::StoreWaitRequest, v1::StoreWaitResponse>(
              &v1::WorkerService::Stub::StoreWait, req, timeout)
       .status();
 }
 
-absl::StatusOr<bool> WorkerClient::StoreDeleteKey(const std::string& job_id,
-                                                  const std::string& key) {
+absl::StatusOr<bool> WorkerClient::StoreDeleteKey(const StoreScope& scope, const std::string& key) {
   v1::StoreDeleteKeyRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   req.set_key(key);
   absl::StatusOr<v1::StoreDeleteKeyResponse> r =
       Call<v1::StoreDeleteKeyRequest, v1::StoreDeleteKeyResponse>(
@@ -246,9 +252,10 @@ absl::StatusOr<bool> WorkerClient::StoreDeleteKey(const std::string& job_id,
   return r->deleted();
 }
 
-absl::StatusOr<int64_t> WorkerClient::StoreNumKeys(const std::string& job_id) {
+absl::StatusOr<int64_t> WorkerClient::StoreNumKeys(const StoreScope& scope) {
   v1::StoreNumKeysRequest req;
-  req.set_job_id(job_id);
+  req.set_job_id(scope.job_id);
+  req.set_generation(scope.generation);
   absl::StatusOr<v1::StoreNumKeysResponse> r =
       Call<v1::StoreNumKeysRequest, v1::StoreNumKeysResponse>(
           &v1::WorkerService::Stub::StoreNumKeys, req, options_.rpc_timeout);

@@ -71,6 +71,13 @@ class WorkerControlClient {
   }
 };
 
+// Where a rendezvous store call belongs: the job, and the generation whose rendezvous it runs
+// (Assignment.generation; 0 outside any).
+struct StoreScope {
+  std::string job_id;
+  int64_t generation = 0;
+};
+
 // Every call a worker makes: the membership calls, the window barriers, checkpoints,
 // evaluation and the rendezvous store. WorkerClient is the gRPC one; the Worker's unit tests
 // answer with a fake coordinator in the same process.
@@ -83,24 +90,23 @@ class WorkerRpc : public WorkerControlClient {
   virtual absl::StatusOr<v1::ReportEvalResponse> ReportEval(const v1::ReportEvalRequest& req) = 0;
   virtual absl::Status AckCheckpoint(const v1::AckCheckpointRequest& req) = 0;
 
-  virtual absl::Status StoreSet(const std::string& job_id, const std::string& key,
+  virtual absl::Status StoreSet(const StoreScope& scope, const std::string& key,
                                 const std::string& value) = 0;
   // Waits up to `timeout` for the key.
-  virtual absl::StatusOr<std::string> StoreGet(const std::string& job_id, const std::string& key,
+  virtual absl::StatusOr<std::string> StoreGet(const StoreScope& scope, const std::string& key,
                                                absl::Duration timeout) = 0;
-  virtual absl::StatusOr<int64_t> StoreAdd(const std::string& job_id, const std::string& key,
+  virtual absl::StatusOr<int64_t> StoreAdd(const StoreScope& scope, const std::string& key,
                                            int64_t delta) = 0;
-  virtual absl::StatusOr<std::string> StoreCompareSet(const std::string& job_id,
+  virtual absl::StatusOr<std::string> StoreCompareSet(const StoreScope& scope,
                                                       const std::string& key,
                                                       const std::string& expected,
                                                       const std::string& desired) = 0;
-  virtual absl::StatusOr<bool> StoreCheck(const std::string& job_id,
+  virtual absl::StatusOr<bool> StoreCheck(const StoreScope& scope,
                                           const std::vector<std::string>& keys) = 0;
-  virtual absl::Status StoreWait(const std::string& job_id, const std::vector<std::string>& keys,
+  virtual absl::Status StoreWait(const StoreScope& scope, const std::vector<std::string>& keys,
                                  absl::Duration timeout) = 0;
-  virtual absl::StatusOr<bool> StoreDeleteKey(const std::string& job_id,
-                                              const std::string& key) = 0;
-  virtual absl::StatusOr<int64_t> StoreNumKeys(const std::string& job_id) = 0;
+  virtual absl::StatusOr<bool> StoreDeleteKey(const StoreScope& scope, const std::string& key) = 0;
+  virtual absl::StatusOr<int64_t> StoreNumKeys(const StoreScope& scope) = 0;
 };
 
 class WorkerClient : public WorkerRpc {
@@ -122,21 +128,21 @@ class WorkerClient : public WorkerRpc {
                       const std::function<void(const v1::HeartbeatResponse&)>& on_place,
                       CallCanceller* canceller) override;
 
-  absl::Status StoreSet(const std::string& job_id, const std::string& key,
+  absl::Status StoreSet(const StoreScope& scope, const std::string& key,
                         const std::string& value) override;
-  absl::StatusOr<std::string> StoreGet(const std::string& job_id, const std::string& key,
+  absl::StatusOr<std::string> StoreGet(const StoreScope& scope, const std::string& key,
                                        absl::Duration timeout) override;
-  absl::StatusOr<int64_t> StoreAdd(const std::string& job_id, const std::string& key,
+  absl::StatusOr<int64_t> StoreAdd(const StoreScope& scope, const std::string& key,
                                    int64_t delta) override;
-  absl::StatusOr<std::string> StoreCompareSet(const std::string& job_id, const std::string& key,
+  absl::StatusOr<std::string> StoreCompareSet(const StoreScope& scope, const std::string& key,
                                               const std::string& expected,
                                               const std::string& desired) override;
-  absl::StatusOr<bool> StoreCheck(const std::string& job_id,
+  absl::StatusOr<bool> StoreCheck(const StoreScope& scope,
                                   const std::vector<std::string>& keys) override;
-  absl::Status StoreWait(const std::string& job_id, const std::vector<std::string>& keys,
+  absl::Status StoreWait(const StoreScope& scope, const std::vector<std::string>& keys,
                          absl::Duration timeout) override;
-  absl::StatusOr<bool> StoreDeleteKey(const std::string& job_id, const std::string& key) override;
-  absl::StatusOr<int64_t> StoreNumKeys(const std::string& job_id) override;
+  absl::StatusOr<bool> StoreDeleteKey(const StoreScope& scope, const std::string& key) override;
+  absl::StatusOr<int64_t> StoreNumKeys(const StoreScope& scope) override;
 
  private:
   // One unary call with a deadline of `timeout`.

@@ -708,6 +708,35 @@ TEST_F(CoordinatorTest, StoreGetWaitsUntilStoreSet) {
             absl::StatusCode::kNotFound);
 }
 
+// Catches a rank left waiting in an ended generation's rendezvous until its store timeout, or a
+// coordinator that tells generations apart by the key's words instead of the request's field.
+TEST_F(CoordinatorTest, RendezvousReadOfAnEndedGenerationIsAbortedByItsGenerationField) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  auto get = [&](int64_t generation, Call<v1::StoreGetResponse>& call) {
+    v1::StoreGetRequest req;
+    req.set_job_id(job);
+    req.set_key("peer-address");  // no generation in its words
+    req.set_generation(generation);
+    coordinator_->StoreGet(req, call.done(), std::make_shared<CallHandle>());
+  };
+  Call<v1::StoreGetResponse> of_generation_1;
+  Call<v1::StoreGetResponse> of_none;
+  get(1, of_generation_1);
+  get(0, of_none);
+  EXPECT_FALSE(of_generation_1.answered());  // generation 1 is live: the key is not set yet
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(Heartbeat(job, ranks[0]).ok());
+  clock_.Advance(absl::Seconds(5));
+  coordinator_->Tick();  // rank 1's lease expired: generation 1 ends
+  absl::StatusOr<v1::StoreGetResponse> r = of_generation_1.Get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_FALSE(of_none.answered());  // outside any generation: it waits for its key
+  Call<v1::StoreGetResponse> late;
+  get(1, late);
+  EXPECT_EQ(late.Get().status().code(), absl::StatusCode::kAborted);
+}
+
 // Catches: lease expiry that the driver never applies, or a waiting barrier call that is
 // not answered when its window is aborted.
 TEST_F(CoordinatorTest, TickExpiresLeasesAndAnswersWaiters) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,34 +117,38 @@ class FakeCoordinator : public WorkerRpc {
     return absl::UnimplementedError("no checkpoints in these tests");
   }
 
-  absl::Status StoreSet(const std::string&, const std::string& key,
+  absl::Status StoreSet(const StoreScope& scope, const std::string& key,
                         const std::string& value) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     store_[key] = value;
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> StoreGet(const std::string&, const std::string& key,
+  absl::StatusOr<std::string> StoreGet(const StoreScope& scope, const std::string& key,
                                        absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     auto present = [&] { return store_.count(key) > 0; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
       return absl::DeadlineExceededError(key);
     }
     return store_[key];
   }
-  absl::StatusOr<int64_t> StoreAdd(const std::string&, const std::string& key,
+  absl::StatusOr<int64_t> StoreAdd(const StoreScope& scope, const std::string& key,
                                    int64_t delta) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     int64_t value = 0;
     if (store_.count(key) > 0) value = std::stoll(store_[key]);
     value += delta;
     store_[key] = std::to_string(value);
     return value;
   }
-  absl::StatusOr<std::string> StoreCompareSet(const std::string&, const std::string& key,
+  absl::StatusOr<std::string> StoreCompareSet(const StoreScope& scope, const std::string& key,
                                               const std::string& expected,
                                               const std::string& desired) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     auto it = store_.find(key);
     if ((it == store_.end() && expected.empty()) ||
         (it != store_.end() && it->second == expected)) {
@@ -152,28 +157,31 @@ class FakeCoordinator : public WorkerRpc {
     }
     return it == store_.end() ? expected : it->second;
   }
-  absl::StatusOr<bool> StoreCheck(const std::string&,
+  absl::StatusOr<bool> StoreCheck(const StoreScope& scope,
                                   const std::vector<std::string>& keys) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     for (const std::string& k : keys) {
       if (store_.count(k) == 0) return false;
     }
     return true;
   }
-  absl::Status StoreWait(const std::string& job, const std::vector<std::string>& keys,
+  absl::Status StoreWait(const StoreScope& scope, const std::vector<std::string>& keys,
                          absl::Duration timeout) override {
     for (const std::string& k : keys) {
-      absl::StatusOr<std::string> v = StoreGet(job, k, timeout);
+      absl::StatusOr<std::string> v = StoreGet(scope, k, timeout);
       if (!v.ok()) return v.status();
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<bool> StoreDeleteKey(const std::string&, const std::string& key) override {
+  absl::StatusOr<bool> StoreDeleteKey(const StoreScope& scope, const std::string& key) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     return store_.erase(key) > 0;
   }
-  absl::StatusOr<int64_t> StoreNumKeys(const std::string&) override {
+  absl::StatusOr<int64_t> StoreNumKeys(const StoreScope& scope) override {
     absl::MutexLock lock(&mu_);
+    store_generations_.insert(scope.generation);
     return static_cast<int64_t>(store_.size());
   }
 
@@ -241,6 +249,11 @@ class FakeCoordinator : public WorkerRpc {
   std::vector<std::string> failures() const {
     absl::MutexLock lock(&mu_);
     return failures_;
+  }
+  // The generations the rendezvous store's calls named.
+  std::set<int64_t> store_generations() const {
+    absl::MutexLock lock(&mu_);
+    return store_generations_;
   }
   // "begin G.W" (arrived), "answer G.W <scale | code>", "complete G.W" (arrived),
   // "decide G.W <outcome>", "return G.W" (CompleteWindow returns), in the order they happened.
@@ -352,6 +365,7 @@ class FakeCoordinator : public WorkerRpc {
   absl::Status refusal_ ABSL_GUARDED_BY(mu_);
   bool end_when_done_ ABSL_GUARDED_BY(mu_) = true;
   std::map<std::string, std::string> store_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> store_generations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, int64_t>> begins_ ABSL_GUARDED_BY(mu_);  // (generation, window)
   std::vector<v1::CompleteWindowRequest> completes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
@@ -407,6 +421,9 @@ TEST_F(WorkerTest, AbortedWindowRejoinsAndRetriesItFromTheSameWeights) {
   EXPECT_EQ(c[2].generation(), 2);
   EXPECT_DOUBLE_EQ(c[1].loss_sum(), c[2].loss_sum());
   EXPECT_DOUBLE_EQ(c[1].grad_norm(), c[2].grad_norm());  // no residue of the aborted attempt
+  // Each generation's rendezvous named its own generation: the coordinator ends a dead one's
+  // waits by it.
+  EXPECT_EQ(coordinator_.store_generations(), (std::set<int64_t>{1, 2}));
 }
 
 // Catches a stale report (ABORTED) read as a failure of the job: the worker rejoins instead.

@@ -68,15 +68,18 @@ TEST(StepMachineTest, RendezvousReadsOfAnEndedGenerationAreAborted) {
   const std::vector<std::string> ids = sim.Start(2);
   const std::string g1 = absl::StrCat(sim.job_id(), "/g1/rank_0");
   const std::string g2 = absl::StrCat(sim.job_id(), "/g2/rank_0");
-  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g1).ok());
-  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g2).ok());  // not formed yet: nothing to end
-  EXPECT_TRUE(sim.machine().CheckRendezvousKey("unrelated").ok());
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(1, g1).ok());
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(2, g2).ok());  // not formed yet: nothing to end
   sim.Lose({ids[1]});  // generation 1 breaks; no standby to form generation 2
-  EXPECT_EQ(sim.machine().CheckRendezvousKey(g1).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(sim.machine().CheckRendezvousKey(1, g1).code(), absl::StatusCode::kAborted);
+  // Decided by the request's generation, not by the key's words.
+  EXPECT_EQ(sim.machine().CheckRendezvousKey(1, "no-generation-in-here").code(),
+            absl::StatusCode::kAborted);
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(0, g1).ok());  // outside any generation
   sim.Start(1);
   ASSERT_EQ(sim.generation(), 2);
-  EXPECT_EQ(sim.machine().CheckRendezvousKey(g1).code(), absl::StatusCode::kAborted);
-  EXPECT_TRUE(sim.machine().CheckRendezvousKey(g2).ok());
+  EXPECT_EQ(sim.machine().CheckRendezvousKey(1, g1).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(sim.machine().CheckRendezvousKey(2, g2).ok());
 }
 
 // Catches a worker that died while the coordinator was down costing a whole lease after the
@@ -150,13 +153,14 @@ TEST(StepMachineTest, RendezvousThatStraddledARestartEndsItsGeneration) {
   ASSERT_EQ(sim.generation(), 1);
   const std::string key = absl::StrCat(sim.job_id(), "/g1//0/rank_0");
   // Without a restart a missing key is only not set yet.
-  EXPECT_TRUE(sim.machine().RendezvousKeyMissing(key, sim.now()).ok());
+  EXPECT_TRUE(sim.machine().RendezvousKeyMissing(1, key, sim.now()).ok());
   sim.registry().Restore(sim.registry().Snapshot(), sim.now());
   sim.registry().Recovered(sim.now());
   sim.HeartbeatAllExcept({});  // the live ranks speak to the new coordinator at once
-  EXPECT_TRUE(sim.machine().RendezvousKeyMissing("unrelated", sim.now()).ok());
+  EXPECT_TRUE(sim.machine().RendezvousKeyMissing(0, "unrelated", sim.now()).ok());
   const size_t before = sim.records().size();
-  EXPECT_EQ(sim.machine().RendezvousKeyMissing(key, sim.now()).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(sim.machine().RendezvousKeyMissing(1, key, sim.now()).code(),
+            absl::StatusCode::kAborted);
   sim.Drain();
   bool ended = false;
   for (size_t i = before; i < sim.records().size(); ++i) {
@@ -166,7 +170,7 @@ TEST(StepMachineTest, RendezvousThatStraddledARestartEndsItsGeneration) {
   EXPECT_EQ(sim.generation(), 2);  // formed again at once: nothing was trained yet
   // The new generation's keys are this coordinator's own: a missing one just waits.
   EXPECT_TRUE(sim.machine()
-                  .RendezvousKeyMissing(absl::StrCat(sim.job_id(), "/g2//0/rank_0"), sim.now())
+                  .RendezvousKeyMissing(2, absl::StrCat(sim.job_id(), "/g2//0/rank_0"), sim.now())
                   .ok());
   EXPECT_EQ(sim.RunWindow().outcome(), v1::COMMIT);
 }

@@ -1,4 +1,4 @@
-#include "coordinator/kv_store.h"
+#include "coordinator/store/kv_store.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"

@@ -2,8 +2,8 @@
 // add() keeps a decimal integer as the value). In memory only: a rendezvous belongs to
 // one generation and is redone after a coordinator restart. Bounded in keys and bytes (a job's
 // store must not grow the coordinator without limit). Not thread-safe.
-#ifndef TRAINSTEP_COORDINATOR_KV_STORE_H_
-#define TRAINSTEP_COORDINATOR_KV_STORE_H_
+#ifndef TRAINSTEP_COORDINATOR_STORE_KV_STORE_H_
+#define TRAINSTEP_COORDINATOR_STORE_KV_STORE_H_
 
 #include <cstdint>
 #include <map>
@@ -55,4 +55,4 @@ class KvStore {
 
 }  // namespace trainstep
 
-#endif  // TRAINSTEP_COORDINATOR_KV_STORE_H_
+#endif  // TRAINSTEP_COORDINATOR_STORE_KV_STORE_H_

@@ -1,4 +1,4 @@
-#include "coordinator/kv_store.h"
+#include "coordinator/store/kv_store.h"
 
 #include <limits>
 #include <string>
