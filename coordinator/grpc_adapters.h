@@ -78,6 +78,18 @@ grpc::ServerUnaryReactor* ServeUnary(RpcAuthorizer* auth, grpc::CallbackServerCo
   return reactor;
 }
 
+// What a service's handlers use: the coordinator they forward to and the authorizer (not
+// owned; null: everyone may call everything).
+class ServiceWiring {
+ public:
+  explicit ServiceWiring(Coordinator* coordinator, RpcAuthorizer* auth = nullptr)
+      : c_(coordinator), auth_(auth) {}
+
+ protected:
+  Coordinator* const c_;
+  RpcAuthorizer* const auth_;
+};
+
 // A service's handler of a unary line of rpc_table.h, declared in its class and defined (for
 // `Service`, whose members c_ and auth_ it uses) in its .cc.
 #define TRAINSTEP_DECLARE_UNARY_HANDLER(Method, Req, Resp, access)                       \
