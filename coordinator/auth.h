@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/job_registry.h"
+#include "coordinator/rpc_table.h"
 
 namespace trainstep {
 
@@ -88,8 +89,6 @@ struct Principal {
 absl::StatusOr<std::optional<Principal>> Identify(const CallCredentials& call,
                                                   const AuthTables& tables);
 
-// What a method needs.
-enum class Access { kView, kSubmit, kCancel, kWorker };
 // By method name ("SubmitJob", "StoreGet"): the two services' names are all distinct. nullopt
 // for a method with no rule, which nobody may call.
 std::optional<Access> AccessOf(absl::string_view method);

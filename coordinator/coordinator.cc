@@ -15,9 +15,20 @@ namespace {
 
 // The driver wakes at least this often to drop abandoned waiters and snapshot.
 constexpr absl::Duration kMaxTickInterval = absl::Seconds(1);
+// While decisions are held, how often the journal is tried again: each try serialises the
+// state (memory work) and fails at once on a disk still full, and training waits meanwhile.
+constexpr absl::Duration kResumeInterval = absl::Milliseconds(200);
 
 absl::Status ShuttingDown() {
   return absl::UnavailableError("the coordinator is shutting down; retry against its successor");
+}
+
+// The answer to a call that would change a job while the journal cannot be written.
+absl::Status Held(const absl::Status& cause) {
+  return absl::UnavailableError(
+      absl::StrCat("the coordinator cannot write its journal, so it holds every decision until "
+                   "it can (it retries by itself; retry this call): ",
+                   cause.message()));
 }
 
 }  // namespace
@@ -70,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(CoordinatorOption
       return;
     }
     LogError(absl::StrCat("journal snapshot failed: ", s.message()));
-    raw->JournalFailed(s);  // Stop now, not at the next record's Sync.
+    raw->JournalFailed(s);  // Hold decisions now, not at the next record's Sync.
   };
   RecoveredJournal recovered;
   ASSIGN_OR_RETURN(c->journal_,
@@ -120,17 +131,63 @@ void Coordinator::Shutdown() {
     seq = journal_->last_appended();
   }
   // Answer now, not via the syncer: the server cancels whatever is unanswered next.
-  absl::Status durable = journal_failed_.load() ? journal_status_ : journal_->Sync(seq);
+  absl::Status durable = deciding() ? journal_->Sync(seq) : JournalStatus();
   for (Completion& c : completions) c(durable);
 }
 
-bool Coordinator::healthy() const { return !journal_failed_.load(); }
+// --- When the journal cannot be written ---
 
 void Coordinator::JournalFailed(const absl::Status& status) {
-  absl::call_once(journal_failure_once_, [&] {
+  // A failure of a Sync that began before the journal was mended is not a new one.
+  if (journal_->broken().ok()) return;
+  {
+    absl::MutexLock lock(&journal_status_mu_);
+    if (journal_broken_.load()) return;
     journal_status_ = status;
-    journal_failed_.store(true);
-  });
+    held_since_ = options_.clock->Now();
+    journal_broken_.store(true);
+  }
+  LogError(
+      absl::StrCat("the journal cannot be written; every decision is held until it can "
+                   "(reads are still served, nothing unacknowledged was answered): ",
+                   status.message()));
+  if (options_.metrics != nullptr) options_.metrics->OnJournalWritable(false);
+}
+
+absl::Status Coordinator::JournalStatus() const {
+  absl::MutexLock lock(&journal_status_mu_);
+  return journal_status_;
+}
+
+bool Coordinator::TryResume() {
+  std::string snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return false;
+    // Records made since the failure went to the broken journal, which wrote none of them;
+    // the snapshot holds their effect. Records made after it wait for the fresh log.
+    JournalNewRecordsLocked();
+    snapshot = registry_.Snapshot().SerializeAsString();
+  }
+  if (!journal_->Resume(snapshot).ok()) return false;  // still failing: the next Tick retries
+  absl::Duration held;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    // Heartbeats were refused meanwhile: nobody loses a lease for it.
+    registry_.RenewAllLeases(now);
+    durable_seq_.store(journal_->last_appended());
+    absl::MutexLock status_lock(&journal_status_mu_);
+    held = now - held_since_;
+    journal_status_ = absl::OkStatus();
+    journal_broken_.store(false);
+  }
+  LogInfo(
+      absl::StrCat("the journal can be written again: the state is in a fresh snapshot and "
+                   "log; decisions go on after being held for ",
+                   absl::FormatDuration(held)));
+  if (options_.metrics != nullptr) options_.metrics->OnJournalWritable(true);
+  return true;
 }
 
 // --- The call path ---
@@ -141,8 +198,7 @@ Coordinator::Completion Coordinator::Complete(absl::StatusOr<Answer<Resp>> answe
   return Completion(
       [answer = std::move(answer), done = std::move(done)](const absl::Status& durability) mutable {
         if (!durability.ok()) {
-          done(absl::UnavailableError(absl::StrCat(
-              "the coordinator cannot persist its state and is stopping: ", durability.message())));
+          done(Held(durability));
           return;
         }
         if (!answer.ok()) {
@@ -154,14 +210,18 @@ Coordinator::Completion Coordinator::Complete(absl::StatusOr<Answer<Resp>> answe
 }
 
 template <typename Resp>
-void Coordinator::Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> done,
+void Coordinator::Run(const std::string& job_id, bool decides, Poll<Resp> poll, Done<Resp> done,
                       std::shared_ptr<CallHandle> handle) {
   std::vector<Completion> completions;
   uint64_t seq = 0;
+  bool held = false;
   {
     absl::MutexLock lock(&mu_);
+    held = !deciding();
     if (shutting_down_) {
       completions.push_back(Complete<Resp>(ShuttingDown(), std::move(done)));
+    } else if (held && decides) {
+      completions.push_back(Complete<Resp>(Held(JournalStatus()), std::move(done)));
     } else {
       const absl::Time now = options_.clock->Now();
       // After Shutdown, a waiter is polled once more with an infinite `now`: it answers
@@ -179,8 +239,15 @@ void Coordinator::Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> don
       } else {
         waiters_.push_back(Waiter{job_id, handle, std::move(waiter_poll)});
       }
-      seq = CommitLocked(now, &completions);
+      // Held, a read is answered from memory, which may be ahead of the disk until the
+      // journal is mended; nothing is journaled or re-polled meanwhile (TryResume snapshots
+      // the state).
+      if (!held) seq = CommitLocked(now, &completions);
     }
+  }
+  if (held) {
+    for (Completion& c : completions) c(absl::OkStatus());
+    return;
   }
   Deliver(seq, std::move(completions));
 }
@@ -275,8 +342,9 @@ void Coordinator::RepollLocked(const std::string& job_id, absl::Time now,
 
 void Coordinator::Deliver(uint64_t seq, std::vector<Completion> completions) {
   if (completions.empty()) return;
-  if (journal_failed_.load()) {
-    for (Completion& c : completions) c(journal_status_);
+  if (!deciding()) {
+    const absl::Status status = JournalStatus();
+    for (Completion& c : completions) c(status);
     return;
   }
   if (seq <= durable_seq_.load()) {
@@ -301,7 +369,7 @@ void Coordinator::SyncerLoop() {
     }
     uint64_t max_seq = 0;
     for (const auto& [seq, completions] : batch) max_seq = std::max(max_seq, seq);
-    absl::Status status = journal_failed_.load() ? journal_status_ : journal_->Sync(max_seq);
+    absl::Status status = deciding() ? journal_->Sync(max_seq) : JournalStatus();
     if (status.ok()) {
       uint64_t prev = durable_seq_.load();
       while (prev < max_seq && !durable_seq_.compare_exchange_weak(prev, max_seq)) {
@@ -326,6 +394,14 @@ absl::StatusOr<KvStore*> Coordinator::KnownJobStore(const std::string& job_id) {
 }
 
 absl::Time Coordinator::Tick() {
+  if (!deciding() && !TryResume()) {
+    // Held: no lease expires and nothing is journaled; abandoned calls still go.
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
+    }
+    return options_.clock->Now() + kResumeInterval;
+  }
   std::vector<Completion> completions;
   uint64_t seq = 0;
   absl::Time next;
@@ -353,13 +429,13 @@ absl::Time Coordinator::Tick() {
       it = (it->handle != nullptr && it->handle->claimed()) ? waiters_.erase(it) : std::next(it);
     }
     seq = CommitLocked(now, &completions);
-    if (!journal_failed_.load() && !journal_->snapshot_in_progress() &&
+    if (deciding() && !journal_->snapshot_in_progress() &&
         journal_->records_since_snapshot() >= options_.snapshot_every_records) {
       // Serialising is memory work; the journal writes the snapshot on its own thread and
       // reports the outcome to on_snapshot (Open). Not started: a broken journal (the next
       // Sync stops us) or a snapshot too big to frame, which says so.
       absl::Status s = journal_->StartSnapshot(registry_.Snapshot().SerializeAsString());
-      if (!s.ok() && !journal_failed_.load()) {
+      if (!s.ok() && deciding()) {
         LogWarning(absl::StrCat("journal snapshot not started: ", s.message()));
       }
     }
@@ -388,21 +464,22 @@ void Coordinator::WakeDriver() {
 // --- The RPCs ---
 
 template <typename Req, typename Resp>
-void Coordinator::Serve(Answerer<Req, Resp> answer, const Req& req, Done<Resp> done,
+void Coordinator::Serve(Answerer<Req, Resp> answer, Access access, const Req& req, Done<Resp> done,
                         CallContext ctx) {
   ctx.arrived = options_.clock->Now();
   std::shared_ptr<CallHandle> handle = ctx.handle;
   Run<Resp>(
-      JobIdOfRequest(req),
+      JobIdOfRequest(req), /*decides=*/access != Access::kView,
       [this, answer, req, ctx = std::move(ctx)](absl::Time now) -> absl::StatusOr<Answer<Resp>> {
         return (this->*answer)(req, ctx, now);
       },
       std::move(done), std::move(handle));
 }
 
-#define TRAINSTEP_DEFINE_CALL(Method, Req, Resp, access)                                          \
-  void Coordinator::Method(const v1::Req& req, Done<v1::Resp> done, CallContext ctx) {            \
-    Serve<v1::Req, v1::Resp>(&Coordinator::Answer##Method, req, std::move(done), std::move(ctx)); \
+#define TRAINSTEP_DEFINE_CALL(Method, Req, Resp, access)                                         \
+  void Coordinator::Method(const v1::Req& req, Done<v1::Resp> done, CallContext ctx) {           \
+    Serve<v1::Req, v1::Resp>(&Coordinator::Answer##Method, Access::access, req, std::move(done), \
+                             std::move(ctx));                                                    \
   }
 TRAINSTEP_JOB_SERVICE_UNARY(TRAINSTEP_DEFINE_CALL)
 TRAINSTEP_WORKER_SERVICE_UNARY(TRAINSTEP_DEFINE_CALL)
@@ -411,7 +488,7 @@ TRAINSTEP_WORKER_SERVICE_UNARY(TRAINSTEP_DEFINE_CALL)
 void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
                            Done<WatchBatch> done, std::shared_ptr<CallHandle> handle) {
   Run<WatchBatch>(
-      job_id,
+      job_id, /*decides=*/false,
       [this, job_id, cursor](absl::Time now) -> absl::StatusOr<Answer<WatchBatch>> {
         return NextWatchBatch(job_id, cursor, now);
       },
@@ -420,8 +497,9 @@ void Coordinator::WatchJob(const std::string& job_id, const WatchCursor& cursor,
 
 void Coordinator::Attach(const v1::AttachRequest& req, uint64_t seq, const std::string& last_sent,
                          Done<v1::HeartbeatResponse> done, std::shared_ptr<CallHandle> handle) {
+  // Keeps a worker's stream up while decisions are held: its place changes nothing.
   Run<v1::HeartbeatResponse>(
-      req.job_id(),
+      req.job_id(), /*decides=*/false,
       [this, req, seq, last_sent](absl::Time now) -> absl::StatusOr<Answer<v1::HeartbeatResponse>> {
         return NextPlace(req, seq, last_sent, now);
       },

@@ -5,6 +5,12 @@
 // journal writes and fsyncs it on its own thread while calls go on). Calls that wait on a
 // barrier or a store key are kept as pollers and asked again whenever their job changes.
 //
+// When the journal cannot be written (a full disk, EIO, a failed fsync) the process stays:
+// it holds every decision (calls that would change a job are answered UNAVAILABLE with the
+// reason, reads are served, no lease expires) and each Tick tries to resume by writing the
+// whole state as a snapshot beside a fresh log (Journal::Resume), so that nothing is lost,
+// repeated, or trusted to the file that failed.
+//
 // The gRPC services (worker_service.h, job_service.h) are thin adapters over this class;
 // the tests drive it directly with a FakeClock.
 #ifndef TRAINSTEP_COORDINATOR_COORDINATOR_H_
@@ -20,7 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -114,8 +119,8 @@ class Coordinator {
   // Every waiting call and every later call is answered UNAVAILABLE; the journal is
   // flushed. Idempotent.
   void Shutdown();
-  // False once the journal failed: the process must stop (nothing more can be made durable).
-  bool healthy() const;
+  // False while the journal cannot be written and decisions are held (the reads go on).
+  bool deciding() const { return !journal_broken_.load(); }
 
  private:
   // Runs under mu_: the machine call. Returns a ready answer or "ask again later".
@@ -157,12 +162,14 @@ class Coordinator {
                                                                  absl::Time);
   // A unary RPC: notes when it arrived, then Runs `answer` under the job the request names.
   template <typename Req, typename Resp>
-  void Serve(Answerer<Req, Resp> answer, const Req& req, Done<Resp> done, CallContext ctx);
+  void Serve(Answerer<Req, Resp> answer, Access access, const Req& req, Done<Resp> done,
+             CallContext ctx);
 
   // The one path every call takes: poll under the lock, keep it waiting if not ready,
-  // journal what changed, re-poll the job's other waiters, deliver after sync.
+  // journal what changed, re-poll the job's other waiters, deliver after sync. A call that
+  // `decides` (may change a job) is answered UNAVAILABLE at once while decisions are held.
   template <typename Resp>
-  void Run(const std::string& job_id, Poll<Resp> poll, Done<Resp> done,
+  void Run(const std::string& job_id, bool decides, Poll<Resp> poll, Done<Resp> done,
            std::shared_ptr<CallHandle> handle);
   // The RPC layer claims the call inside `done`; the core only uses handles to drop
   // waiters whose call was abandoned.
@@ -183,9 +190,14 @@ class Coordinator {
   // Delivers after the journal holds `seq` (inline when it already does).
   void Deliver(uint64_t seq, std::vector<Completion> completions);
   void SyncerLoop();
-  // The journal cannot be written any more: every later answer carries `status` and healthy()
-  // turns false. The first cause wins; any thread.
-  void JournalFailed(const absl::Status& status);
+  // The journal cannot be written: decisions are held until TryResume mends it, and every
+  // answer meanwhile carries `status`. The first cause of an episode wins; any thread.
+  void JournalFailed(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why decisions are held (OK while they are not).
+  absl::Status JournalStatus() const;
+  // Writes the whole state beside a fresh log (Journal::Resume); on success every lease
+  // restarts and decisions go on. Returns whether they do.
+  bool TryResume() ABSL_LOCKS_EXCLUDED(mu_);
   KvStore& StoreOf(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The store of a job the registry knows; NOT_FOUND for any other.
   absl::StatusOr<KvStore*> KnownJobStore(const std::string& job_id)
@@ -219,9 +231,11 @@ class Coordinator {
   std::deque<std::pair<uint64_t, std::vector<Completion>>> to_sync_ ABSL_GUARDED_BY(sync_mu_);
   bool stop_syncer_ ABSL_GUARDED_BY(sync_mu_) = false;
   std::atomic<uint64_t> durable_seq_{0};
-  std::atomic<bool> journal_failed_{false};
-  absl::once_flag journal_failure_once_;
-  absl::Status journal_status_;  // set once (JournalFailed), before journal_failed_
+  // Set by JournalFailed, cleared by TryResume; journal_status_ says why.
+  std::atomic<bool> journal_broken_{false};
+  mutable absl::Mutex journal_status_mu_;
+  absl::Status journal_status_ ABSL_GUARDED_BY(journal_status_mu_);
+  absl::Time held_since_ ABSL_GUARDED_BY(journal_status_mu_);
   std::thread syncer_;
 };
 

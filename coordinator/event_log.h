@@ -16,6 +16,7 @@ class EventLog : public CoordinatorMetrics {
   void OnJobStates(const std::vector<v1::Job>&) override {}
   void OnWorkers(const std::string&, const std::vector<v1::WorkerInfo>&) override {}
   void OnJournalFsync(double) override {}
+  void OnJournalWritable(bool) override {}  // the coordinator logs it
   void OnRejected(absl::string_view, absl::string_view) override {}
   void OnBarrierWait(absl::string_view, double) override {}
   void OnAuthFailure(absl::string_view, absl::string_view) override {}  // rpc_auth.cc logs them
@@ -36,6 +37,9 @@ class FanoutMetrics : public CoordinatorMetrics {
   }
   void OnJournalFsync(double seconds) override {
     for (auto* s : sinks_) s->OnJournalFsync(seconds);
+  }
+  void OnJournalWritable(bool writable) override {
+    for (auto* s : sinks_) s->OnJournalWritable(writable);
   }
   void OnRejected(absl::string_view rpc, absl::string_view reason) override {
     for (auto* s : sinks_) s->OnRejected(rpc, reason);

@@ -410,6 +410,12 @@ std::optional<JobRegistry::Stall> JobRegistry::Tick(absl::Time now) {
   return stall;
 }
 
+void JobRegistry::RenewAllLeases(absl::Time now) {
+  for (auto& [id, m] : jobs_) m->RenewAllLeases(now);
+  last_tick_ = now;
+  consecutive_stalls_ = 0;
+}
+
 std::optional<absl::Time> JobRegistry::NextDeadline() const {
   std::optional<absl::Time> next;
   for (const auto& [id, m] : jobs_) {

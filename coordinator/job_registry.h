@@ -87,6 +87,9 @@ class JobRegistry {
   // time ends the run). Returns the stall, if it was one. The driver must tick at least every
   // StallThreshold() / 2 (NextDeadline asks for that), so that a normal gap is never a stall.
   std::optional<Stall> Tick(absl::Time now);
+  // Every lease restarts at `now`, and the time since the last Tick is not a stall: the
+  // coordinator held its decisions (the journal could not be written) and refused heartbeats.
+  void RenewAllLeases(absl::Time now);
   std::optional<absl::Time> NextDeadline() const;
   // Half a lease: a shorter stall cannot cost a worker that heartbeats every lease / 5 its
   // lease.

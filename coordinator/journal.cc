@@ -336,6 +336,24 @@ absl::Status KeepAside(Env* env, const std::string& dir, const std::string& path
   return env->SyncDir(dir);
 }
 
+// Writes a framed snapshot to `temp_path` durably; deletes it when that fails.
+absl::Status WriteSnapshotTemp(Env* env, const std::string& temp_path, std::string_view snapshot) {
+  std::string framed = FileHeader(FileKind::kSnapshot);
+  framed.append(RecordHeader(snapshot));
+  framed.append(snapshot);
+  framed.push_back(kEndMarker);
+  absl::Status s;
+  {
+    absl::StatusOr<std::unique_ptr<WritableFile>> temp = env->NewWritableFile(temp_path);
+    s = temp.status();
+    if (s.ok()) s = (*temp)->Append(framed);
+    if (s.ok()) s = (*temp)->Sync();  // Data before name, or a crash could expose an empty one.
+    if (s.ok()) s = (*temp)->Close();
+  }
+  if (!s.ok()) env->DeleteFile(temp_path).IgnoreError();
+  return s;
+}
+
 // Best effort: a file that survives is deleted by the next snapshot or Open.
 void DeleteObsoleteFiles(Env* env, const std::string& dir, uint64_t oldest_live,
                          std::vector<std::string>* warnings) {
@@ -630,29 +648,64 @@ absl::Status Journal::WriteSnapshotFile(std::string_view snapshot, uint64_t numb
   // Until the rename, the old snapshot and the logs stay authoritative: a failure costs nothing.
   const std::string final_path = absl::StrCat(dir_, "/", SnapshotName(number));
   const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
-  std::string framed = FileHeader(FileKind::kSnapshot);
-  framed.append(RecordHeader(snapshot));
-  framed.append(snapshot);
-  framed.push_back(kEndMarker);
-  absl::Status s;
-  {
-    absl::StatusOr<std::unique_ptr<WritableFile>> temp = env_->NewWritableFile(temp_path);
-    s = temp.status();
-    if (s.ok()) s = (*temp)->Append(framed);
-    if (s.ok())
-      s = (*temp)->Sync();  // Data before name, or a crash could expose an empty snapshot.
-    if (s.ok()) s = (*temp)->Close();
-  }
-  if (!s.ok()) {
-    env_->DeleteFile(temp_path).IgnoreError();
-    return s;
-  }
+  RETURN_IF_ERROR(WriteSnapshotTemp(env_, temp_path, snapshot));
 
   // From the rename on, recovery may prefer the new snapshot and ignore the old logs, so any
   // failure leaves the disk in a state this object no longer tracks.
-  s = env_->RenameFile(temp_path, final_path);
+  absl::Status s = env_->RenameFile(temp_path, final_path);
   if (s.ok()) s = env_->SyncDir(dir_);
   if (!s.ok()) return Break(s);
+  DeleteObsoleteFiles(env_, dir_, number, /*warnings=*/nullptr);
+  return absl::OkStatus();
+}
+
+absl::Status Journal::broken() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
+absl::Status Journal::Resume(std::string_view snapshot) {
+  if (snapshot.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "journal %s: snapshot of %d bytes exceeds the 4 GiB frame limit", dir_, snapshot.size()));
+  }
+  WaitForSnapshot().IgnoreError();  // its thread may still touch the files
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
+  uint64_t number;
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) return absl::OkStatus();
+    // A broken journal's writers return at once; wait for one still in its I/O.
+    while (writing_) writer_done_.Wait(&mu_);
+    writing_ = true;
+    number = append_log_number_ + 1;
+  }
+  // The snapshot before its log: once it is in place, Open ignores every older log (the one
+  // that failed included) and creates log-M itself if a crash came first.
+  const std::string final_path = absl::StrCat(dir_, "/", SnapshotName(number));
+  const std::string temp_path = absl::StrCat(final_path, AsAbsl(kTempSuffix));
+  std::unique_ptr<WritableFile> log;
+  absl::Status s = WriteSnapshotTemp(env_, temp_path, snapshot);
+  if (s.ok()) s = env_->RenameFile(temp_path, final_path);
+  if (s.ok()) s = env_->SyncDir(dir_);
+  if (s.ok()) {
+    absl::StatusOr<std::unique_ptr<WritableFile>> created =
+        CreateLog(env_, absl::StrCat(dir_, "/", LogName(number)));
+    s = created.status();
+    if (s.ok()) log = std::move(*created);
+  }
+  if (s.ok()) s = env_->SyncDir(dir_);
+  absl::MutexLock lock(&mu_);
+  ReleaseWriterLocked();
+  if (!s.ok()) return s;
+  if (log_ != nullptr) log_->Close().IgnoreError();  // not trusted: never written again
+  log_ = std::move(log);
+  log_number_ = append_log_number_ = number;
+  rotation_.reset();
+  pending_.clear();
+  last_synced_ = last_appended_;
+  records_since_snapshot_ = 0;
+  broken_ = absl::OkStatus();
   DeleteObsoleteFiles(env_, dir_, number, /*warnings=*/nullptr);
   return absl::OkStatus();
 }
@@ -717,7 +770,7 @@ absl::Status Journal::Break(const absl::Status& cause) {
     broken_ = absl::Status(cause.code(),
                            absl::StrCat("journal ", dir_,
                                         " is broken after an I/O failure and accepts no more "
-                                        "writes; the coordinator must stop: ",
+                                        "writes until it is resumed from a snapshot: ",
                                         cause.message()));
   }
   return broken_;

@@ -42,7 +42,7 @@ struct JournalOptions {
   std::function<void(double seconds)> on_fsync;
   // The outcome of each snapshot once its I/O is over: OK once it is in place, else why not;
   // `journal_broken` says the journal is now broken (the failure came after the rename, or
-  // something else broke it meanwhile) and the owner must stop. `seconds`: from StartSnapshot
+  // something else broke it meanwhile) until Resume mends it. `seconds`: from StartSnapshot
   // to the end. Called on the snapshot thread with no journal lock held, before
   // snapshot_in_progress() turns false, so it must not wait for a lock under which the owner
   // calls WaitForSnapshot or WriteSnapshot. May be empty.
@@ -95,7 +95,7 @@ class Journal {
   // Blocks until every record with sequence <= seq is written and fsynced. Group commit: while
   // one caller writes+fsyncs, later records queue up, and the next caller to sync writes all of
   // them with one write and one fsync. After a failed write or fsync the journal is broken: this
-  // and every later Sync and snapshot return that error, and the owner must stop. A snapshot's
+  // and every later Sync and snapshot return that error until Resume mends it. A snapshot's
   // log rotation (see StartSnapshot) is done by whichever writer comes first, maybe this one.
   // seq > last_appended() is INVALID_ARGUMENT.
   absl::Status Sync(uint64_t seq);
@@ -124,6 +124,18 @@ class Journal {
   // StartSnapshot, after waiting for one in progress, then WaitForSnapshot: the synchronous
   // form, with the same contract.
   absl::Status WriteSnapshot(std::string_view snapshot);
+
+  // Whether an I/O failure broke the journal (its error), or OK.
+  absl::Status broken() const;
+  // Mends a broken journal without trusting the log it broke in: after a failed write or fsync
+  // that file's contents are unknown (a retried fsync can report success for pages the kernel
+  // dropped), so `snapshot`, the caller's whole state after every record appended so far, is
+  // written as snapshot-M beside a new, empty log-M, M above every log number used, and every
+  // older file becomes obsolete. On success the journal is healthy again: every record
+  // appended so far counts as synced (the snapshot holds it) and appends go to log-M. On
+  // failure it stays broken and this may be called again. OK when the journal is not broken.
+  // Same contract as StartSnapshot: the caller appends nothing meanwhile.
+  absl::Status Resume(std::string_view snapshot);
 
  private:
   Journal(Env* env, std::string dir, JournalOptions options, uint64_t log_number,
@@ -178,7 +190,8 @@ class Journal {
   bool snapshot_running_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar snapshot_done_;  // Signalled when snapshot_running_ turns false.
   absl::Status last_snapshot_ ABSL_GUARDED_BY(mu_);  // The last finished snapshot's outcome.
-  // Runs RunSnapshot; touched only by StartSnapshot (serialised by its callers) and ~Journal.
+  // Runs RunSnapshot; touched only by StartSnapshot and Resume (serialised by their callers)
+  // and ~Journal.
   std::thread snapshot_thread_;
 
   uint64_t log_number_;                // Guarded by the writer role.

@@ -3,7 +3,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -229,24 +228,15 @@ absl::Status AnnounceListening(const ServeOptions& o, const CoordinatorServer& s
       {{"grpc_port", port}, {"metrics_port", metrics_port}, {"health_port", health_port}});
 }
 
-// Returns on SIGTERM or SIGINT, or when the journal fails: that is fatal, since nothing more
-// can be made durable.
-void WaitForStop(Coordinator* coordinator, sigset_t* signals) {
-  std::thread watchdog([coordinator, signals] {
-    while (coordinator->healthy()) {
-      // A tenth of a second: a broken journal stops the process promptly, so its successor
-      // (the supervisor restarts it) serves sooner.
-      timespec timeout{0, 100'000'000};
-      siginfo_t info;
-      if (sigtimedwait(signals, &info, &timeout) > 0) {
-        LogInfo(absl::StrCat("received ", info.si_signo == SIGTERM ? "SIGTERM" : "SIGINT",
-                             "; draining"));
-        return;
-      }
-    }
-    LogError("the journal cannot be written; stopping (nothing unacknowledged was answered)");
-  });
-  watchdog.join();
+// Returns on SIGTERM or SIGINT. A journal that cannot be written does not stop the process:
+// the coordinator holds its decisions and resumes by itself (a restart would not help, and
+// would drop the reads it still serves).
+void WaitForStop(sigset_t* signals) {
+  siginfo_t info;
+  while (sigwaitinfo(signals, &info) < 0) {
+    // EINTR: another signal's handler ran; keep waiting for ours.
+  }
+  LogInfo(absl::StrCat("received ", info.si_signo == SIGTERM ? "SIGTERM" : "SIGINT", "; draining"));
 }
 
 // Opens the journal, serves until WaitForStop returns, then drains. Returns the exit code.
@@ -289,13 +279,14 @@ int Serve(const ServeOptions& o, const PrometheusMetrics* prometheus, sigset_t* 
     return Fail(s.message());
   }
 
-  WaitForStop(coordinator.get(), signals);
+  WaitForStop(signals);
   server->Shutdown(o.shutdown_grace);
   server.reset();
-  const bool healthy = coordinator->healthy();
+  // Stopped while holding: what was not durable is lost with the process (none was answered).
+  const bool deciding = coordinator->deciding();
   coordinator.reset();  // flushes the journal
   LogInfo("stopped");
-  return healthy ? 0 : 1;
+  return deciding ? 0 : 1;
 }
 
 int Main(int argc, char** argv) {

@@ -23,6 +23,8 @@ class CoordinatorMetrics {
   // A job's workers after its membership changed.
   virtual void OnWorkers(const std::string& job_id, const std::vector<v1::WorkerInfo>& workers) = 0;
   virtual void OnJournalFsync(double seconds) = 0;
+  // The journal became unwritable (decisions are held) or writable again. Any thread.
+  virtual void OnJournalWritable(bool writable) = 0;
   // A worker call was refused because it was stale (code ABORTED) or out of protocol.
   virtual void OnRejected(absl::string_view rpc, absl::string_view reason) = 0;
   // How long a barrier call waited for the other ranks. phase: "begin" | "complete".

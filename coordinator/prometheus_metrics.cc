@@ -164,6 +164,15 @@ PrometheusMetrics::PrometheusMetrics()
                       .Name("trainstep_build_info")
                       .Help("Build information (value 1)")
                       .Register(*registry_)),
+      journal_writable_(BuildGauge()
+                            .Name("trainstep_journal_writable")
+                            .Help("1 while the journal can be written; 0 while it cannot and "
+                                  "every decision is held")
+                            .Register(*registry_)),
+      journal_failures_(BuildCounter()
+                            .Name("trainstep_journal_failures_total")
+                            .Help("Times the journal could not be written (decisions held)")
+                            .Register(*registry_)),
       window_duration_(BuildHistogram()
                            .Name("trainstep_window_duration_seconds")
                            .Help("First report to decision, per window")
@@ -181,6 +190,8 @@ PrometheusMetrics::PrometheusMetrics()
                            .Help("Wall-clock time from one committed update to the next")
                            .Register(*registry_)) {
   build_info_.Add({{"version", TrainstepVersion()}, {"component", "coordinator"}}).Set(1);
+  journal_writable_.Add({}).Set(1);
+  journal_failures_.Add({});
 }
 
 absl::StatusOr<std::unique_ptr<PrometheusMetrics>> PrometheusMetrics::Start(
@@ -324,6 +335,11 @@ void PrometheusMetrics::OnWorkers(const std::string& job_id,
 
 void PrometheusMetrics::OnJournalFsync(double seconds) {
   fsync_.Add({}, LatencyBuckets()).Observe(seconds);
+}
+
+void PrometheusMetrics::OnJournalWritable(bool writable) {
+  journal_writable_.Add({}).Set(writable ? 1 : 0);
+  if (!writable) journal_failures_.Add({}).Increment();
 }
 
 void PrometheusMetrics::OnRejected(absl::string_view rpc, absl::string_view reason) {

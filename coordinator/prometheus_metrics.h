@@ -35,6 +35,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   void OnJobStates(const std::vector<v1::Job>& jobs) override;
   void OnWorkers(const std::string& job_id, const std::vector<v1::WorkerInfo>& workers) override;
   void OnJournalFsync(double seconds) override;
+  void OnJournalWritable(bool writable) override;
   void OnRejected(absl::string_view rpc, absl::string_view reason) override;
   void OnBarrierWait(absl::string_view phase, double seconds) override;
   void OnAuthFailure(absl::string_view method, absl::string_view code) override;
@@ -77,6 +78,8 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_state_;
   prometheus::Family<prometheus::Gauge>& job_start_;
   prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& journal_writable_;
+  prometheus::Family<prometheus::Counter>& journal_failures_;
   prometheus::Family<prometheus::Histogram>& window_duration_;
   prometheus::Family<prometheus::Histogram>& barrier_wait_;
   prometheus::Family<prometheus::Histogram>& fsync_;

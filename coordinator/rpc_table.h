@@ -8,6 +8,15 @@
 #ifndef TRAINSTEP_COORDINATOR_RPC_TABLE_H_
 #define TRAINSTEP_COORDINATOR_RPC_TABLE_H_
 
+namespace trainstep {
+
+// What a method needs (the table's last column): the authorizer grants it by role, and while
+// the journal cannot be written the coordinator answers only kView methods (they change
+// nothing).
+enum class Access { kView, kSubmit, kCancel, kWorker };
+
+}  // namespace trainstep
+
 // JobService (job_calls.cc).
 #define TRAINSTEP_JOB_SERVICE_UNARY(X)                           \
   X(SubmitJob, SubmitJobRequest, Job, kSubmit)                   \

@@ -75,13 +75,26 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     }
   }
   CoordinatorServer* raw = s.get();
+  raw->SetDeciding(coordinator->deciding());
   s->driver_ = std::thread([raw] {
+    bool deciding = raw->coordinator_->deciding();
     while (!raw->stop_.HasBeenNotified()) {
       const absl::Time next = raw->coordinator_->Tick();
+      if (raw->coordinator_->deciding() != deciding) {
+        deciding = !deciding;
+        raw->SetDeciding(deciding);
+      }
       raw->coordinator_->WaitForTick(std::min(next, absl::Now() + absl::Seconds(1)));
     }
   });
   return s;
+}
+
+void CoordinatorServer::SetDeciding(bool deciding) {
+  server_->GetHealthCheckService()->SetServingStatus(kDecisionsHealthService, deciding);
+  if (health_server_ != nullptr) {
+    health_server_->GetHealthCheckService()->SetServingStatus(kDecisionsHealthService, deciding);
+  }
 }
 
 void CoordinatorServer::Shutdown(absl::Duration grace) {

@@ -29,6 +29,11 @@ struct ServerOptions {
   std::string health_address;                            // "" = no health-only port
 };
 
+// The named health service that is NOT_SERVING while the coordinator holds its decisions (its
+// journal cannot be written). The overall health ("") stays SERVING then: a restart would not
+// help, and reads are still served.
+inline constexpr char kDecisionsHealthService[] = "trainstep.decisions";
+
 class CoordinatorServer {
  public:
   // Listens and starts ticking `coordinator` (not owned).
@@ -47,6 +52,8 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer(Coordinator* coordinator, RpcAuthorizer* auth);
+  // kDecisionsHealthService's status, on both ports.
+  void SetDeciding(bool deciding);
 
   Coordinator* coordinator_;
   WorkerServiceImpl worker_service_;

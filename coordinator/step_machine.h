@@ -275,6 +275,7 @@ class StepMachine {
              absl::Time now);
   // A READY standby not known to be dead.
   bool StandbyReady() const;
+  int64_t DetachedSurvivors() const;  // members whose stream dropped, lease not yet ended
   // The worker was drained: its heartbeats are answered (with why) so that it exits.
   bool Drained(const std::string& worker_id) const;
   absl::Duration JoinGrace() const;  // spec.workers.join_grace

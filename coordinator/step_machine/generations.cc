@@ -57,6 +57,12 @@ bool StepMachine::StandbyReady() const {
                      [this](const std::string& id) { return !membership_.Find(id)->detached; });
 }
 
+int64_t StepMachine::DetachedSurvivors() const {
+  const std::vector<std::string> survivors = membership_.Survivors();
+  return std::count_if(survivors.begin(), survivors.end(),
+                       [this](const std::string& id) { return membership_.Find(id)->detached; });
+}
+
 bool StepMachine::MaybeDrainSuspect(absl::Time now) {
   const v1::Validate& v = job_.spec().validate();
   if (v.rerun_on().empty() || !MembersMayChangeNow()) return false;
@@ -141,11 +147,18 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   const size_t count = static_cast<size_t>(job_.spec().workers().count());
   const size_t available = survivors.size() + standbys.size();
   if (available < count) {
-    // Short of workers.count: wait for replacements for the join grace, then go on with at
-    // least workers.min. The global batch stays the same; each rank runs more micro-steps.
-    if (!short_since_.has_value()) short_since_ = now;
-    if (available < static_cast<size_t>(job_.spec().workers().min()) ||
-        now < *short_since_ + JoinGrace()) {
+    // Short of workers.count: go on with at least workers.min. The global batch stays the
+    // same; each rank runs more micro-steps, so the weights do not depend on the world size.
+    if (available < static_cast<size_t>(job_.spec().workers().min())) return;
+    if (!membership_.has_generation()) {
+      // Workers start at different times: the first generation waits the join grace for
+      // all of workers.count.
+      if (!short_since_.has_value()) short_since_ = now;
+      if (now < *short_since_ + JoinGrace()) return;
+    } else if (detached_survivor) {
+      // After a loss the job shrinks at once (a replacement joins at a window boundary), but
+      // a survivor whose stream dropped settles within its lease: it comes back or is lost.
+      // Waiting for it re-forms once when several ranks die together.
       return;
     }
   }

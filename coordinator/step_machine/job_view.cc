@@ -61,6 +61,12 @@ v1::Job StepMachine::Job() const {
       p->set_waiting(
           absl::StrFormat("waiting for workers: %d available, workers.min is %d (workers.count %d)",
                           available, w.min(), w.count()));
+    } else if (const int64_t dropped = DetachedSurvivors();
+               available < w.count() && membership_.has_generation() && dropped > 0) {
+      p->set_waiting(absl::StrFormat(
+          "waiting for %d worker(s) whose connection dropped: each comes back or is lost when "
+          "its lease ends (workers.count %d, %d available)",
+          dropped, w.count(), available));
     } else if (available < w.count() && short_since_.has_value()) {
       p->set_waiting(absl::StrFormat(
           "waiting for %d more worker(s) until %s (workers.join_grace %s), then going on with %d",

@@ -20,11 +20,14 @@ Fault kinds (--kinds, default all that this machine allows):
   worker_stop       SIGSTOP of a rank for longer than the lease, then SIGCONT (gray failure)
   checkpoint_kill   SIGKILL of rank 0 the moment its checkpoint temp dir appears (inotify)
   journal_full      the journal's device (a tmpfs this tool mounts; root) filled up until the
-                    coordinator stops, then freed
+                    coordinator holds its decisions, then freed: it must resume by itself,
+                    without exiting
   fsync_fail        fsync() fails with EIO (an LD_PRELOAD shim built with cc) until the
-                    coordinator stops, then works again
+                    coordinator holds its decisions, then works again (the same)
   worker_retire     SIGKILL of a rank whose slot is not restarted (a machine lost for good);
-                    only while a spare is registered; a new spare slot is added afterwards
+                    only while a spare is registered, or, with --min-workers below W and no
+                    spare, while the world is whole (the job shrinks at once); a new slot is
+                    added afterwards (a spare, or the worker the shrunk job grows back with)
   all_ranks_kill    SIGKILL of every rank at once: no replica is left, so the job must roll
                     back to its latest durable checkpoint (a necessary rollback) and still end
                     with the fault-free weights
@@ -46,7 +49,9 @@ Judgement, per job (a job passes when all hold):
   5. no fault stalled it: after each fault a commit came within max(60 s, 4 leases + 30 s).
      After a stall no further fault is injected into that job, so none can unstick it.
   6. every grad_flip was attributed to its rank: the first re-run after it is transient and
-     names the victim's worker.
+     names the victim's worker;
+  7. no worker process died of a signal the campaign did not send (a peer's death must not
+     kill a survivor, as SIGPIPE from a collective's socket would).
 Recovery per fault: from the injection (from the restarted coordinator listening, for the
 coordinator's faults, after the heal) to the end_time_ms of the next commit, in a newer
 generation for the faults that cost a rank. Reported p50/max per kind; with
@@ -95,7 +100,9 @@ SKIP = 77
 
 KINDS = ("worker_kill", "coordinator_kill", "restart_gap_kill", "worker_stop", "checkpoint_kill",
          "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "grad_flip", "partition")
-COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail")  # a new coordinator
+# The coordinator's own faults: counted from a new coordinator listening (a kill), or from the
+# heal (the journal's, which the same coordinator outlives).
+COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail")
 # Faults that cost one rank, which the registered spare replaces: each is injected only once
 # a spare is registered again (the campaign's precondition; its wait is reported).
 SPARE_FAULTS = ("worker_kill", "worker_retire", "restart_gap_kill", "checkpoint_kill",
@@ -156,6 +163,8 @@ def parse_args(argv):
                    help="checkpoint cadence in updates (default 25)")
     p.add_argument("--workers", type=int, default=3, help="ranks W (default 3)")
     p.add_argument("--spares", type=int, default=1, help="spare worker slots (default 1)")
+    p.add_argument("--min-workers", type=int,
+                   help="the spec's workers.min (default W: the job never shrinks)")
     p.add_argument("--model", choices=("mlp", "tiny_gpt"), default="mlp",
                    help="mlp on synthetic regression data (default), or a small tiny_gpt on a "
                         "text file this tool writes")
@@ -189,9 +198,10 @@ def parse_args(argv):
                    "(its processes inherit it)")
     args = p.parse_args(argv)
     if args.faults < 0 or args.faults_per_job < 1 or args.updates < 20 or args.workers < 1 \
-            or args.spares < 0 or args.checkpoint_every < 1:
+            or args.spares < 0 or args.checkpoint_every < 1 \
+            or not 1 <= (args.min_workers or args.workers) <= args.workers:
         p.error("--faults ≥ 0, --faults-per-job ≥ 1, --updates ≥ 20, --workers ≥ 1, "
-                "--spares ≥ 0, --checkpoint-every ≥ 1")
+                "--spares ≥ 0, --checkpoint-every ≥ 1, 1 ≤ --min-workers ≤ --workers")
     try:
         lo, hi = (float(x) for x in args.gap.split(","))
         if not 0 <= lo <= hi:
@@ -255,8 +265,8 @@ def kinds_available(args, out_dir):
         shim, why = build_fsync_shim(out_dir)
         if why:
             skipped["fsync_fail"] = why
-    if "worker_retire" in args.kinds and args.spares < 1:
-        skipped["worker_retire"] = "needs a spare (--spares ≥ 1)"
+    if "worker_retire" in args.kinds and args.spares < 1 and not shrinks(args):
+        skipped["worker_retire"] = "needs a spare (--spares ≥ 1) or --min-workers below W"
     if "checkpoint_kill" in args.kinds and not sys.platform.startswith("linux"):
         skipped["checkpoint_kill"] = "needs inotify (Linux)"
     return [k for k in args.kinds if k not in skipped], skipped, shim
@@ -296,6 +306,24 @@ def write_corpus(path, seed):
         f.write(" ".join(text))
 
 
+# What the coordinator logs when its journal cannot be written and it holds its decisions.
+HELD_LINE = "the journal cannot be written; every decision is held"
+
+
+def log_says(proc, text):
+    """Whether `proc`'s log holds `text`."""
+    try:
+        with open(proc.log_path, errors="replace") as f:
+            return text in f.read()
+    except OSError:
+        return False
+
+
+def shrinks(args):
+    """Whether the job's workers.min lets it train on at a smaller world size."""
+    return args.min_workers is not None and args.min_workers < args.workers
+
+
 def make_spec(args, ckpt_dir, data_dir):
     spec = {
         "name": "chaos",
@@ -307,6 +335,8 @@ def make_spec(args, ckpt_dir, data_dir):
                        "keep_last": 3},
         "workers": {"count": args.workers},
     }
+    if shrinks(args):
+        spec["workers"]["min"] = args.min_workers
     if "grad_flip" in args.kinds:
         # Non-finite windows are re-run and attributed; flips never drain a worker here (the
         # campaign judges attribution, not the drain).
@@ -613,11 +643,15 @@ class Campaign:
         """Injects one fault of `kind`, heals it, waits for the job to commit past it.
         Returns the fault's record, or None when it could not be injected now."""
         spare_wait = None
-        if kind in SPARE_FAULTS and self.args.spares > 0:
+        if kind in SPARE_FAULTS and (self.args.spares > 0 or shrinks(self.args)):
             # The previous fault's replacement process may still be starting: without a
             # registered spare the recovery would time LibTorch's start, not trainstep's.
+            # Without spares, a job that shrinks is hurt only once it grew back whole (a rank
+            # lost while the newcomers receive the state may rightly roll back).
             t0 = time.monotonic()
-            if not self._wait(lambda: self._spare_registered(cluster), 30, interval=0.05):
+            ready = (lambda: self._spare_registered(cluster)) if self.args.spares > 0 else \
+                (lambda: len(cluster.workers_by_state().get("ACTIVE", [])) >= self.args.workers)
+            if not self._wait(ready, 30 if self.args.spares > 0 else 60, interval=0.05):
                 return None
             spare_wait = time.monotonic() - t0
         state, p0 = job_progress(cluster)
@@ -647,8 +681,9 @@ class Campaign:
                     "reruns_transient", 0) > transient_before, timeout, interval=0.05):
                 fault["note"] = "no transient re-run was counted after the flip"
         elif kind == "worker_kill" or kind == "worker_retire":
-            if kind == "worker_retire" and not self._spare_registered(cluster):
-                return None  # only while a spare is registered
+            if kind == "worker_retire" and not (self._spare_registered(cluster)
+                                                or shrinks(self.args)):
+                return None  # only while a spare is registered, or the job may shrink
             victim = self._victim(cluster)
             if victim is None:
                 return None
@@ -749,12 +784,15 @@ class Campaign:
                 fault["filler_bytes"] = cluster.fill_journal_device()
             else:
                 cluster.fail_fsync()
-            stopped = self._wait(lambda: c.end is not None, 15, interval=0.02)
+            # The coordinator holds its decisions (its log says so) and keeps running.
+            held = self._wait(lambda: c.end is not None or log_says(c, HELD_LINE), 15,
+                              interval=0.02)
+            stopped = c.end is not None
             fault["coordinator_exit"] = c.end
             fault["coordinator_rc"] = c.rc
-            if not stopped:
-                fault["note"] = "the coordinator kept running for 15 s with a failing journal"
-            time.sleep(self.rng.uniform(0.3, 1.5))  # restarts fail meanwhile
+            if not held:
+                fault["note"] = "the coordinator did not notice the failing journal in 15 s"
+            time.sleep(self.rng.uniform(0.3, 1.5))  # its attempts to resume fail meanwhile
             heal = time.time()
             if kind == "journal_full":
                 cluster.heal_journal_device()
@@ -861,6 +899,14 @@ class Campaign:
             d["registered"] = judge.worker_registered(lines)
             procs.append(d)
         judge.tighten_generation_times(generations, procs)
+        # A peer's death must not kill a survivor (SIGPIPE from a collective's socket, say).
+        collateral = [d for d in procs if d.get("rc") is not None and d["rc"] < 0
+                      and not d.get("signals")]
+        result["collateral_deaths"] = len(collateral)
+        if collateral:
+            problems.append(f"{len(collateral)} worker processes died of a signal nobody sent: "
+                            + ", ".join(f"{d['name']} (signal {-d['rc']})"
+                                        for d in collateral[:3]))
         rollbacks = judge.judge_rollbacks(records, generations, procs)
         result["rollbacks"] = len(rollbacks)
         result["rollback_details"] = rollbacks
@@ -885,6 +931,10 @@ class Campaign:
             if f.get("serving") in listened and listened[f["serving"]] is not None:
                 f["ref"] = max(listened[f["serving"]], f["since"])
         for f in faults:
+            if f["kind"] in ("journal_full", "fsync_fail") and f.get("coordinator_exit"):
+                problems.append(f"fault {f['number']} ({f['kind']}): the coordinator exited "
+                                f"(rc {f.get('coordinator_rc')}) instead of holding its "
+                                "decisions until the journal could be written")
             if f["kind"] == "grad_flip":
                 f["attributed_to"] = judge.flip_attribution(f, records)
                 f["attributed"] = f["attributed_to"] == f["victim_worker_id"]

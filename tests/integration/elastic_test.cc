@@ -1,5 +1,5 @@
 // Elastic world size through real processes: workers killed for good, the job going
-// on with fewer ranks after workers.join_grace, growing back when workers return, and waiting
+// on with fewer ranks at once, growing back when workers return, and waiting
 // below workers.min. Each case compares its final weights with the same job run by
 // workers.count workers without a fault: the samples of a window do not depend on how many
 // ranks split them, so the weights must not either (up to float summation order).
@@ -152,8 +152,8 @@ class ElasticTest : public testing::ClusterTest {
   }
 };
 
-// Catches the probe's finding: a job of workers.count 3 whose worker is killed for good waits
-// for ever. It goes on with two ranks after the grace, and its weights equal the reference's.
+// Catches a job of workers.count 3 whose worker is killed for good waiting for it (for ever,
+// or for the join grace). It goes on with two ranks, and its weights equal the reference's.
 TEST_F(ElasticTest, WorkerKilledForGoodFinishesWithFewerAndTheSameWeights) {
   const ckpt::TensorMap reference = Reference();
   const std::string ckpt = dir_ + "/ckpt-elastic";
@@ -201,9 +201,9 @@ TEST_F(ElasticTest, ShrinksToOneAndGrowsBackToCount) {
   ExpectSameWeights(reference, FinalWeights(ckpt));
 }
 
-// Catches a replacement that arrives just after the grace ran out being left out: the job
-// shrinks, then takes it at the next window boundary.
-TEST_F(ElasticTest, GraceThatExpiresWhileAReplacementStarts) {
+// Catches a replacement that arrives after the job shrank being left out: the job shrinks
+// at once, then takes it at the next window boundary.
+TEST_F(ElasticTest, AReplacementThatStartsAfterTheJobShrankJoinsAtABoundary) {
   // Room between the first commit at world size 2 and the job's end for the test to set the
   // hold (seconds at two ranks, not a fraction of one).
   updates_ = 1000;

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <sched.h>
+#include <signal.h>
 
 #include <cstdlib>
 
@@ -81,7 +82,10 @@ std::string OpenBlasConfig() {
 
 }  // namespace
 
+void IgnoreBrokenPipes() { signal(SIGPIPE, SIG_IGN); }
+
 absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo_path) {
+  IgnoreBrokenPipes();
   HostSetup host;
   host.cpu = ParseCpuInfo(ReadText(cpuinfo_path.empty() ? "/proc/cpuinfo" : cpuinfo_path));
   host.blas = FindBlas(ReadText("/proc/self/maps"));

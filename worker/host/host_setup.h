@@ -25,8 +25,15 @@ struct HostSetup {
 
 // Reads /proc/cpuinfo (or `cpuinfo_path`), /proc/self/maps, the affinity mask, the cgroup CPU
 // limit and the environment; plans the threads (`threads_flag`: --threads) and applies them
-// to LibTorch's intra-op pool and the BLAS. Errors name the bad flag or variable.
+// to LibTorch's intra-op pool and the BLAS. Ignores SIGPIPE (IgnoreBrokenPipes). Errors name
+// the bad flag or variable.
 absl::StatusOr<HostSetup> SetUpHost(int threads_flag, const std::string& cpuinfo_path);
+
+// A peer that dies mid-collective closes its sockets, and Gloo's next write to one raises
+// SIGPIPE, whose default action would kill this survivor too (one death becoming two). Ignored,
+// the write fails with EPIPE: a lost peer, which the worker handles by rejoining. (Python, under
+// which PyTorch's own workers run, ignores SIGPIPE at start for the same reason.)
+void IgnoreBrokenPipes();
 
 // One line for the start-up log: CPU, native bf16, BLAS, threads.
 std::string DescribeHost(const HostSetup& host);

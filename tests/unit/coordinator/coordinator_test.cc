@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/coordinator_fixture.h"
+#include "tests/unit/coordinator/disk_full_env.h"
 #include "tests/unit/coordinator/machine_test_util.h"
 #include "tests/unit/coordinator/recording_metrics.h"
 #include "tests/unit/coordinator/sync_gate.h"
@@ -576,6 +577,104 @@ TEST_F(CoordinatorTest, OpenFailureReturnsTheErrorInsteadOfCrashing) {
   c = Coordinator::Open(options);
   EXPECT_FALSE(c.ok());
   EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr(log));
+}
+
+// --- When the journal cannot be written ---
+
+class StorageFaultTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    env_ = &disk_;
+    CoordinatorTest::SetUp();
+  }
+  absl::StatusOr<v1::Job> SubmitAs(const std::string& request_id) {
+    v1::SubmitJobRequest req;
+    req.set_request_id(request_id);
+    SpecOptions o;
+    req.set_spec_json(SpecJson(o));
+    return Sync<v1::Job>([&](Done<v1::Job> d) { coordinator_->SubmitJob(req, std::move(d)); });
+  }
+  size_t JobCount() {
+    absl::StatusOr<v1::ListJobsResponse> list = Sync<v1::ListJobsResponse>(
+        [&](Done<v1::ListJobsResponse> d) { coordinator_->ListJobs({}, std::move(d)); });
+    EXPECT_TRUE(list.ok()) << list.status();
+    return list.ok() ? list->jobs_size() : 0;
+  }
+
+  DiskFullEnv disk_{Env::Default()};  // outlives coordinator_
+};
+
+// Catches the coordinator stopping (a crash loop under Kubernetes) on a full disk; a held
+// decision answered as made; reads refused while held; leases expiring while heartbeats are
+// refused; and a resume that loses, repeats or forgets a record.
+TEST_F(StorageFaultTest, AFullDiskHoldsDecisionsServesReadsAndResumesWithNothingLost) {
+  const std::string job = Submit(2);
+  const std::vector<std::string> ranks = StartWorkers(job, 2);
+  ASSERT_EQ(RunWindow(job, ranks, 1).outcome(), v1::COMMIT);
+
+  disk_.SetFull(true);
+  absl::StatusOr<v1::Job> held = SubmitAs("second");
+  ASSERT_TRUE(absl::IsUnavailable(held.status())) << held.status();
+  EXPECT_THAT(std::string(held.status().message()),
+              ::testing::HasSubstr("holds every decision until it can"));
+  EXPECT_THAT(std::string(held.status().message()),
+              ::testing::HasSubstr("No space left on device"));
+  EXPECT_FALSE(coordinator_->deciding());
+  EXPECT_EQ(metrics_.journal_writable(), std::vector<bool>{false});
+
+  // Decisions are refused at once (not parked), reads are served.
+  Call<v1::BeginWindowResponse> begin;
+  coordinator_->BeginWindow(Begin(job, ranks, 0, 2, 10), begin.done(), nullptr);
+  ASSERT_TRUE(begin.answered());
+  EXPECT_TRUE(absl::IsUnavailable(begin.Get().status()));
+  EXPECT_TRUE(absl::IsUnavailable(Heartbeat(job, ranks[1]).status()));
+  absl::StatusOr<v1::Job> read = GetJob(job);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->progress().optimizer_update_id(), 1);
+
+  // Still full: a minute passes, nobody's lease expires, and the job waits.
+  clock_.Advance(absl::Seconds(60));
+  coordinator_->Tick();
+  EXPECT_FALSE(coordinator_->deciding());
+
+  disk_.SetFull(false);
+  coordinator_->Tick();
+  ASSERT_TRUE(coordinator_->deciding());
+  EXPECT_EQ(metrics_.journal_writable(), (std::vector<bool>{false, true}));
+  const v1::WindowDecision d = RunWindow(job, ranks, 2);  // the same ranks, leases intact
+  EXPECT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_EQ(d.optimizer_update_id(), 2);
+  // The held submit was kept (the snapshot holds it): its retry finds it, not a second job.
+  absl::StatusOr<v1::Job> retried = SubmitAs("second");
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(JobCount(), 2u);
+
+  Reopen();  // what is on disk replays to the same state
+  EXPECT_EQ(JobCount(), 2u);
+  absl::StatusOr<v1::Job> replayed = GetJob(job);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(replayed->progress().optimizer_update_id(), 2);
+}
+
+// Catches a coordinator that trusts the log whose fsync failed (a retried fsync can report
+// success for pages the kernel dropped): it resumes in a fresh log beside a snapshot of its
+// state, and the failed log is gone, without a record lost or repeated.
+TEST_F(StorageFaultTest, AFailedFsyncIsNotRetriedOnTheSameLog) {
+  const std::string job = Submit(1);
+  disk_.FailNextSync();
+  ASSERT_TRUE(absl::IsUnavailable(SubmitAs("second").status()));
+  EXPECT_FALSE(coordinator_->deciding());
+  coordinator_->Tick();  // the disk works again: resumes at once
+  ASSERT_TRUE(coordinator_->deciding());
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/log-000001"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/log-000002"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/snapshot-000002"));
+  ASSERT_TRUE(SubmitAs("second").ok());
+  ASSERT_TRUE(SubmitAs("third").ok());
+  EXPECT_EQ(JobCount(), 3u);
+  Reopen();
+  EXPECT_EQ(JobCount(), 3u);
+  EXPECT_TRUE(GetJob(job).ok());
 }
 
 }  // namespace

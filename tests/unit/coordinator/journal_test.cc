@@ -583,12 +583,60 @@ TEST_F(JournalTest, FsyncFailureBreaksTheJournal) {
   absl::Status s = journal_->Sync(seq);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("Input/output error"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("accepts no more writes"));
   EXPECT_EQ(journal_->Sync(seq).code(), s.code());  // Retrying does not pretend success.
   const int syncs = env_.count(FsOp::kSync);
   EXPECT_FALSE(journal_->Sync(journal_->Append("c")).ok());
   EXPECT_FALSE(journal_->WriteSnapshot("state").ok());
   EXPECT_EQ(env_.count(FsOp::kSync), syncs);  // Nothing more was attempted.
+}
+
+// Catches a journal mended by writing on in the log whose fsync failed (its pages may be lost
+// although a retried fsync reports success), a resume that loses or repeats a record, and one
+// that reports success while the disk still fails.
+TEST_F(JournalTest, ResumeWritesTheStateToAFreshLogAndNeverTrustsTheFailedOne) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kSync, absl::DataLossError("fsync /j/log-000001: Input/output error"));
+  const uint64_t b = journal_->Append("b");
+  ASSERT_FALSE(journal_->Sync(b).ok());
+  EXPECT_FALSE(journal_->broken().ok());
+
+  env_.FailNext(FsOp::kAppend, absl::ResourceExhaustedError("write: No space left on device"));
+  absl::Status failed = journal_->Resume("a,b");
+  EXPECT_TRUE(absl::IsResourceExhausted(failed)) << failed;
+  EXPECT_FALSE(journal_->broken().ok());  // still broken: nothing was mended
+  EXPECT_FALSE(journal_->Sync(b).ok());
+  EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));  // no temp left behind
+
+  ASSERT_TRUE(journal_->Resume("a,b").ok());
+  EXPECT_TRUE(journal_->broken().ok());
+  EXPECT_TRUE(journal_->Sync(b).ok());  // the snapshot holds it
+  EXPECT_EQ(journal_->records_since_snapshot(), 0u);
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000002", "log-000002"));
+  AppendAll(journal_.get(), {"c"});
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a,b");
+  EXPECT_THAT(recovered.records, ElementsAre("c"));
+  EXPECT_TRUE(journal_->Resume("ignored").ok());  // a healthy journal: nothing to do
+  EXPECT_THAT(Files(), UnorderedElementsAre("snapshot-000002", "log-000002"));
+}
+
+// Catches a resume that writes its new log before the snapshot: a crash between the two would
+// leave the failed log followed by an empty one, and Open would replay the failed one's
+// unknown tail. The directory fsync after the rename fails, as a crash there would leave it.
+TEST_F(JournalTest, AResumeCutShortAfterItsSnapshotRecoversTheSnapshot) {
+  Reopen();
+  AppendAll(journal_.get(), {"a"});
+  env_.FailNext(FsOp::kAppend, absl::ResourceExhaustedError("write: No space left on device"));
+  ASSERT_FALSE(journal_->Sync(journal_->Append("b")).ok());
+  env_.FailNext(FsOp::kSyncDir, absl::InternalError("fsync dir failed"));
+  ASSERT_FALSE(journal_->Resume("a,b").ok());
+  RecoveredJournal recovered = Reopen();
+  EXPECT_EQ(recovered.snapshot, "a,b");
+  EXPECT_THAT(recovered.records, IsEmpty());
+  AppendAll(journal_.get(), {"c"});
+  EXPECT_THAT(Reopen().records, ElementsAre("c"));
 }
 
 // Catches a failed write being followed by an fsync that then "acknowledges" missing records.
@@ -646,7 +694,7 @@ TEST_F(JournalTest, SnapshotFailureAfterRenameBreaksJournal) {
   gate_.Release();
   absl::Status s = journal_->WaitForSnapshot();
   EXPECT_THAT(std::string(s.message()), HasSubstr("fsync dir failed"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("accepts no more writes"));
   ASSERT_EQ(reports().size(), 1u);
   EXPECT_TRUE(reports()[0].journal_broken);
   EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
@@ -666,7 +714,7 @@ TEST_F(JournalTest, SnapshotFailureStartingTheNextLogBreaksJournal) {
     AppendAll(journal.get(), {"a"});
     env.FailNext(kind, absl::InternalError("cannot start log-000002"));
     absl::Status s = journal->WriteSnapshot("state");
-    EXPECT_THAT(std::string(s.message()), HasSubstr("must stop"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("accepts no more writes"));
     EXPECT_FALSE(journal->Sync(journal->Append("b")).ok());
     journal.reset();
     RecoveredJournal recovered;
@@ -770,7 +818,8 @@ TEST_F(JournalTest, StartSnapshotOnABrokenJournalStartsNothing) {
   AppendAll(journal_.get(), {"a"});
   env_.FailNext(FsOp::kSync, absl::DataLossError("fsync: Input/output error"));
   EXPECT_FALSE(journal_->Sync(journal_->Append("b")).ok());
-  EXPECT_THAT(std::string(journal_->StartSnapshot("state").message()), HasSubstr("must stop"));
+  EXPECT_THAT(std::string(journal_->StartSnapshot("state").message()),
+              HasSubstr("accepts no more writes"));
   EXPECT_FALSE(journal_->snapshot_in_progress());
   EXPECT_THAT(Files(), UnorderedElementsAre("log-000001"));
 }

@@ -38,6 +38,14 @@ class RecordingMetrics : public CoordinatorMetrics {
     absl::MutexLock lock(&mu_);
     fsyncs_.push_back(seconds);
   }
+  void OnJournalWritable(bool writable) override {
+    absl::MutexLock lock(&mu_);
+    journal_writable_.push_back(writable);
+  }
+  std::vector<bool> journal_writable() const {
+    absl::MutexLock lock(&mu_);
+    return journal_writable_;
+  }
   void OnRejected(absl::string_view rpc, absl::string_view reason) override {
     absl::MutexLock lock(&mu_);
     rejected_.emplace_back(std::string(rpc), std::string(reason));
@@ -87,6 +95,7 @@ class RecordingMetrics : public CoordinatorMetrics {
   std::vector<std::vector<v1::Job>> job_states_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<v1::WorkerInfo>> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<double> fsyncs_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> journal_writable_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> rejected_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, double>> barrier_waits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> auth_failures_ ABSL_GUARDED_BY(mu_);

@@ -286,15 +286,31 @@ TEST(StepMachineTest, ANewGenerationIsNotBuiltOnADetachedWorker) {
   EXPECT_FALSE(formed[0].rolled_back());
 }
 
-// Catches: a job of workers.count 3 that loses a worker for good waiting for ever (the
-// probe); and one that shrinks at once instead of giving a replacement the join grace.
-TEST(StepMachineTest, ShortOfWorkersGoesOnWithFewerAfterTheJoinGrace) {
+// Catches: a job of workers.count 3 that loses a worker for good idling for the join grace
+// (30 s by default) although training at two ranks gives the same weights.
+TEST(StepMachineTest, ALostRankShrinksTheJobAtOnce) {
   SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "5s")));
   const std::vector<std::string> g1 = sim.Start(3);
   ASSERT_EQ(sim.RunWindow().optimizer_update_id(), 1);
   const size_t before = sim.records().size();
   sim.Lose({g1[2]});
-  EXPECT_TRUE(sim.FormedSince(before).empty());  // the grace runs
+  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 2);
+  ASSERT_EQ(formed.size(), 1u);  // no grace: formed on the tick that lost the rank
+  EXPECT_FALSE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  EXPECT_TRUE(sim.progress().waiting().empty());
+  const v1::WindowDecision d = sim.RunWindow();
+  EXPECT_EQ(d.outcome(), v1::COMMIT);
+  EXPECT_EQ(d.record().world_size(), 2);  // the log shows the change
+  EXPECT_EQ(d.optimizer_update_id(), 2);
+}
+
+// Catches: the first generation starting with whoever came first (workers start at different
+// times) instead of giving the rest the join grace; and a driver spinning on the passed grace.
+TEST(StepMachineTest, TheFirstGenerationWaitsTheJoinGraceForWorkersCount) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(3, 2, "5s")));
+  sim.Start(2);
+  EXPECT_TRUE(sim.FormedSince(0).empty());  // the grace runs
   EXPECT_EQ(sim.progress().workers_available(), 2);
   EXPECT_NE(sim.progress().waiting().find("waiting for 1 more worker"), std::string::npos)
       << sim.progress().waiting();
@@ -304,22 +320,48 @@ TEST(StepMachineTest, ShortOfWorkersGoesOnWithFewerAfterTheJoinGrace) {
   sim.Advance(absl::Seconds(5) - absl::Milliseconds(1));
   sim.HeartbeatAllExcept({});
   sim.Tick();
-  EXPECT_TRUE(sim.FormedSince(before).empty());
+  EXPECT_TRUE(sim.FormedSince(0).empty());
   sim.Advance(absl::Milliseconds(1));
   sim.Tick();
-  const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 2);
-  ASSERT_EQ(formed.size(), 1u);
-  EXPECT_FALSE(formed[0].rolled_back());
-  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::BROADCAST);
+  ASSERT_EQ(FormedWith(sim, 0, 2).size(), 1u);
   EXPECT_TRUE(sim.progress().waiting().empty());
-  const v1::WindowDecision d = sim.RunWindow();
-  EXPECT_EQ(d.outcome(), v1::COMMIT);
-  EXPECT_EQ(d.record().world_size(), 2);  // the log shows the change
-  EXPECT_EQ(d.optimizer_update_id(), 2);
+  EXPECT_EQ(sim.RunWindow().record().world_size(), 2);
   // The grace is not a time the driver must keep waking for once it passed.
   const std::optional<absl::Time> next = sim.machine().NextDeadline();
   ASSERT_TRUE(next.has_value());
   EXPECT_GT(*next, sim.now());
+}
+
+// Catches: two ranks that die together re-forming the job twice (once without the first, then
+// again without the second): a survivor whose stream dropped is waited for until its lease
+// ends, and the wait is visible.
+TEST(StepMachineTest, ASurvivorWhoseStreamDroppedIsWaitedForUntilItsLeaseEnds) {
+  SimulatedRanks sim(ResolvedSpec(Elastic(4, 2, "5s")));
+  const std::vector<std::string> g1 = sim.Start(4);
+  sim.RunWindow();
+  v1::AttachRequest req;
+  req.set_job_id(sim.job_id());
+  req.set_worker_id(g1[3]);
+  ASSERT_TRUE(sim.machine().Attach(req, 7, sim.now()).ok());
+  const size_t before = sim.records().size();
+  const absl::Duration lease = sim.options().worker_lease;
+  sim.Advance(lease / 2);
+  sim.HeartbeatAllExcept({g1[2]});
+  sim.Advance(lease / 2 - absl::Milliseconds(100));
+  sim.machine().Detached(g1[3], 7, sim.now());  // it dies too: its lease ends in 300 ms
+  sim.Advance(absl::Milliseconds(101));
+  sim.Tick();  // g1[2]'s lease ended
+  EXPECT_TRUE(sim.FormedSince(before).empty());
+  EXPECT_NE(sim.progress().waiting().find("1 worker(s) whose connection dropped"),
+            std::string::npos)
+      << sim.progress().waiting();
+  ASSERT_TRUE(sim.machine().NextDeadline().has_value());
+  sim.Advance(*sim.machine().NextDeadline() - sim.now());
+  sim.Tick();
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_EQ(formed[0].worker_ids_size(), 2);
+  EXPECT_EQ(sim.RunWindow().record().world_size(), 2);
 }
 
 // Catches: a job below workers.min training anyway, rolling back, or waiting silently; and a
@@ -342,7 +384,7 @@ TEST(StepMachineTest, BelowMinWaitsVisiblyWithoutRollingBack) {
   EXPECT_GT(*next, sim.now());  // only the leases; the passed grace is not due again
   EXPECT_EQ(sim.progress().optimizer_update_id(), 2);
 
-  // One worker comes back: the grace has long passed, so the survivor seeds a generation of 2.
+  // One worker comes back: the survivor seeds a generation of 2 at once.
   sim.Start(1);
   const std::vector<v1::GenerationFormed> formed = FormedWith(sim, before, 2);
   ASSERT_EQ(formed.size(), 1u);
@@ -358,7 +400,7 @@ TEST(StepMachineTest, GrowsBackToCountAtAWindowBoundary) {
   SimulatedRanks sim(ResolvedSpec(Elastic(3, 1, "0s")));
   const std::vector<std::string> g1 = sim.Start(3);
   sim.RunWindow();
-  sim.Lose({g1[1], g1[2]});  // grace 0: a generation of 1 at once
+  sim.Lose({g1[1], g1[2]});  // a generation of 1 at once
   ASSERT_EQ(sim.Ranks().size(), 1u);
   ASSERT_EQ(sim.RunWindow().record().world_size(), 1);
 

@@ -4,8 +4,11 @@
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +82,25 @@ TEST(HostSetupTest, HostJsonCarriesTheFieldsScriptsRead) {
   EXPECT_NE(json.find("\"threads\": 1"), std::string::npos) << json;
   EXPECT_NE(HostJson(Fixture(false, BlasLibrary::Kind::kOpenBlas)).find("\"native_bf16\": false"),
             std::string::npos);
+}
+
+// Catches a worker that dies with its peer: a collective's write to the dead peer's socket
+// raised SIGPIPE, whose default action killed the survivor (seen in a chaos campaign: a rank's
+// SIGKILL took a second rank with it).
+TEST(HostSetupTest, SetUpHostLeavesBrokenPipesToTheWrite) {
+  ASSERT_EQ(setenv("LOCAL_WORLD_SIZE", "1", 1), 0);
+  signal(SIGPIPE, SIG_DFL);
+  ASSERT_TRUE(SetUpHost(/*threads_flag=*/1, "").ok());
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[0]);
+  errno = 0;
+  EXPECT_EQ(write(fds[1], "x", 1), -1);  // this process is still here to see the error
+  EXPECT_EQ(errno, EPIPE);
+  close(fds[1]);
 }
 
 // The real thing in this process: the BLAS found is the one libblas.so.3 resolves to (the
