@@ -384,6 +384,22 @@ int JobGet(const CommandContext& ctx, const std::string& job_id) {
   };
   kv.insert(kv.end(), rest.begin(), rest.end());
   if (!p.waiting().empty()) kv.emplace_back("waiting", p.waiting());  // short of workers
+  if (p.has_goodput()) {  // where the time went since the first commit
+    const v1::Goodput& g = p.goodput();
+    kv.emplace_back(
+        "goodput", absl::StrFormat("%.2f%% of %.1fs (lost: re-forming %.1fs, rollbacks %.1fs, "
+                                   "skips %.1fs, storage %.1fs)",
+                                   100 * g.ratio(), g.wall_seconds(), g.reform_seconds(),
+                                   g.rollback_seconds(), g.skipped_seconds(), g.storage_seconds()));
+  }
+  if (p.checkpoint_failures() > 0) {  // checkpoints that could not be written
+    kv.emplace_back(
+        "checkpoint failures",
+        absl::StrCat(p.checkpoint_failures(), " (latest: ", p.last_checkpoint_failure(), ")"));
+  }
+  if (p.hangs() > 0) {  // ranks fenced as hung, and where the latest was stuck
+    kv.emplace_back("hangs", absl::StrCat(p.hangs(), " (latest: ", p.last_hang(), ")"));
+  }
   if (!job.spec().validate().rerun_on().empty()) {  // which windows were re-run, and why
     kv.emplace_back(
         "reruns",

@@ -179,6 +179,7 @@ bool Coordinator::TryResume() {
     durable_seq_.store(journal_->last_appended());
     absl::MutexLock status_lock(&journal_status_mu_);
     held = now - held_since_;
+    registry_.AddStorageHold(held);
     journal_status_ = absl::OkStatus();
     journal_broken_.store(false);
   }

@@ -416,6 +416,10 @@ void JobRegistry::RenewAllLeases(absl::Time now) {
   consecutive_stalls_ = 0;
 }
 
+void JobRegistry::AddStorageHold(absl::Duration held) {
+  for (auto& [id, m] : jobs_) m->AddStorageHold(held);
+}
+
 std::optional<absl::Time> JobRegistry::NextDeadline() const {
   std::optional<absl::Time> next;
   for (const auto& [id, m] : jobs_) {

@@ -90,6 +90,8 @@ class JobRegistry {
   // Every lease restarts at `now`, and the time since the last Tick is not a stall: the
   // coordinator held its decisions (the journal could not be written) and refused heartbeats.
   void RenewAllLeases(absl::Time now);
+  // Every running job's decisions were held for `held`: its goodput lost that to storage.
+  void AddStorageHold(absl::Duration held);
   std::optional<absl::Time> NextDeadline() const;
   // Half a lease: a shorter stall cannot cost a worker that heartbeats every lease / 5 its
   // lease.

@@ -126,6 +126,19 @@ void Membership::NoteApplied(const std::string& worker_id, int64_t update_id) {
   if (e != nullptr) e->applied_update_id = std::max(e->applied_update_id, update_id);
 }
 
+void Membership::SetPhase(const std::string& worker_id, v1::ComputePhase phase, absl::Time since,
+                          absl::Time heard) {
+  WorkerEntry* e = FindMutable(worker_id);
+  if (e == nullptr) return;
+  e->phase = phase;
+  e->phase_since = since;
+  e->phase_heard = heard;
+}
+
+void Membership::RestartPhaseClocks(absl::Time now) {
+  for (WorkerEntry& e : entries_) e.phase_since = std::max(e.phase_since, now);
+}
+
 void Membership::RenewAll(absl::Time lease_expiry) {
   for (WorkerEntry& e : entries_) e.lease_expiry = lease_expiry;
 }

@@ -38,6 +38,11 @@ struct WorkerEntry {
   // heartbeats renew it for the reconnect grace only: a worker that heartbeated once and then
   // died before its stream opened would otherwise hold its generation for a whole lease.
   bool restored_unattached = false;
+  // Ephemeral: its compute thread's phase at its latest heartbeat, and since when (by this
+  // clock: the heartbeat's arrival less the time the worker said it had been there).
+  v1::ComputePhase phase = v1::COMPUTE_PHASE_UNSPECIFIED;
+  absl::Time phase_since;
+  absl::Time phase_heard;  // that heartbeat's arrival
 };
 
 class Membership {
@@ -62,6 +67,11 @@ class Membership {
   // `idle_after_generation`: see WorkerEntry (-1: the worker is not idle).
   bool Renew(const std::string& worker_id, absl::Time now, absl::Time lease_expiry,
              int64_t applied_update_id, int64_t idle_after_generation = -1);
+  // Every phase counts from `now` at the earliest.
+  void RestartPhaseClocks(absl::Time now);
+  // Its heartbeat, heard at `heard`, said its compute thread is in `phase`, since `since`.
+  void SetPhase(const std::string& worker_id, v1::ComputePhase phase, absl::Time since,
+                absl::Time heard);
   // The worker opened Attach stream `seq`: its lease is renewed like a heartbeat's.
   void Attach(const std::string& worker_id, uint64_t seq, absl::Time lease_expiry);
   // Stream `seq` dropped: if it is the worker's latest, its lease ends by `lease_expiry`

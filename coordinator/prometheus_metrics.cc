@@ -5,9 +5,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "core/hang.h"
 #include "core/window_outcome.h"
 
 namespace trainstep {
@@ -47,6 +49,11 @@ constexpr ReasonSeries kReasonSeries[] = {
 
 // The `reason` label: the log's reason, lower-cased.
 std::string ReasonLabel(absl::string_view reason) { return Lower(reason); }
+
+// "forward_backward" for COMPUTE_PHASE_FORWARD_BACKWARD.
+std::string PhaseLabel(v1::ComputePhase phase) {
+  return Lower(absl::StripPrefix(v1::ComputePhase_Name(phase), "COMPUTE_PHASE_"));
+}
 
 // Gauges get NaN for a skipped window's norm; Prometheus accepts it, but keep the last real one.
 void SetFinite(prometheus::Gauge& g, double v) {
@@ -164,6 +171,21 @@ PrometheusMetrics::PrometheusMetrics()
                       .Name("trainstep_build_info")
                       .Help("Build information (value 1)")
                       .Register(*registry_)),
+      goodput_(BuildGauge()
+                   .Name("trainstep_job_goodput_ratio")
+                   .Help("Time committing updates at the steady pace ÷ wall time since the "
+                         "job's first commit")
+                   .Register(*registry_)),
+      lost_seconds_(BuildGauge()
+                        .Name("trainstep_job_lost_seconds")
+                        .Help("Wall time since the job's first commit not spent at the steady "
+                              "pace, by cause")
+                        .Register(*registry_)),
+      hangs_(BuildCounter()
+                 .Name("trainstep_hangs_total")
+                 .Help("Ranks fenced as hung (alive, stuck in a step of their own work while "
+                       "their peers waited), by that step")
+                 .Register(*registry_)),
       journal_writable_(BuildGauge()
                             .Name("trainstep_journal_writable")
                             .Help("1 while the journal can be written; 0 while it cannot and "
@@ -214,6 +236,17 @@ void PrometheusMetrics::SetJobGauges(const v1::Job& job) {
   checkpoint_id_.Add(l).Set(static_cast<double>(p.durable_checkpoint_id()));
   micro_step_id_.Add(l).Set(static_cast<double>(p.micro_step_id()));
   if (p.has_last_eval_loss()) SetFinite(eval_loss_.Add(l), p.last_eval_loss());
+  if (p.has_goodput()) {
+    const v1::Goodput& g = p.goodput();
+    goodput_.Add(l).Set(g.ratio());
+    const std::pair<const char*, double> lost[] = {{"reform", g.reform_seconds()},
+                                                   {"rollback", g.rollback_seconds()},
+                                                   {"skipped", g.skipped_seconds()},
+                                                   {"storage", g.storage_seconds()}};
+    for (const auto& [cause, seconds] : lost) {
+      lost_seconds_.Add({{"training_job", job.job_id()}, {"cause", cause}}).Set(seconds);
+    }
+  }
   // The lowest score among the latest generation's ranks: per-rank labels would be unbounded
   // (CONVENTIONS.md). No series before a window was scored.
   for (const bool relative : {true, false}) {
@@ -243,11 +276,20 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
     (s.outcome == v1::SKIP ? skipped_ : aborted_)
         .Add({{"training_job", job_id}, {"reason", ReasonLabel(ReasonName(s.reason))}});
   }
+  for (int p = v1::ComputePhase_MIN; p <= v1::ComputePhase_MAX; ++p) {
+    const auto phase = static_cast<v1::ComputePhase>(p);
+    if (IsOwnWork(phase)) hangs_.Add({{"training_job", job_id}, {"phase", PhaseLabel(phase)}});
+  }
 }
 
 void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
   const std::string& id = job.job_id();
   SetJobGauges(job);
+  if (record.has_worker_lost() &&
+      record.worker_lost().hung_phase() != v1::COMPUTE_PHASE_UNSPECIFIED) {
+    hangs_.Add({{"training_job", id}, {"phase", PhaseLabel(record.worker_lost().hung_phase())}})
+        .Increment();
+  }
   if (!record.has_window_ended()) return;
   const v1::UpdateRecord& r = record.window_ended().decision().record();
   const Labels l = {{"training_job", id}};

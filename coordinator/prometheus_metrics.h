@@ -78,6 +78,9 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_state_;
   prometheus::Family<prometheus::Gauge>& job_start_;
   prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& goodput_;
+  prometheus::Family<prometheus::Gauge>& lost_seconds_;  // by cause
+  prometheus::Family<prometheus::Counter>& hangs_;       // by phase (spec.hang)
   prometheus::Family<prometheus::Gauge>& journal_writable_;
   prometheus::Family<prometheus::Counter>& journal_failures_;
   prometheus::Family<prometheus::Histogram>& window_duration_;

@@ -13,6 +13,8 @@ namespace trainstep {
 namespace {
 
 constexpr size_t kMaxModelConfigBytes = 64 * 1024;
+// A failed checkpoint's error: the OS message and a path (the worker sends at most 1 KiB).
+constexpr size_t kMaxCheckpointError = 4096;
 
 std::string Bound(int64_t v) {
   if (v == kMaxUnits) return "2^53";
@@ -164,6 +166,10 @@ absl::Status ValidateAckCheckpoint(const v1::AckCheckpointRequest& req) {
   constexpr absl::string_view kRequest = "AckCheckpointRequest";
   if (absl::Status s = AtLeast(kRequest, "checkpoint_id", req.checkpoint_id(), 0); !s.ok()) {
     return s;
+  }
+  if (req.error().size() > kMaxCheckpointError) {
+    return absl::InvalidArgumentError(absl::StrCat(kRequest, ".error is ", req.error().size(),
+                                                   " bytes, more than ", kMaxCheckpointError));
   }
   return AtLeast(kRequest, "optimizer_update_id", req.optimizer_update_id(), 0);
 }

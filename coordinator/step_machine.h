@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/goodput.h"
 #include "coordinator/loss_scaler.h"
 #include "coordinator/membership.h"
 #include "coordinator/rank_scores.h"
@@ -152,7 +153,16 @@ class StepMachine {
   std::optional<absl::Time> NextDeadline() const;
   // Every live worker's lease restarts at `now`: the coordinator could not hear them for a
   // while (it was down, or paused), which is not their fault.
-  void RenewAllLeases(absl::Time now) { membership_.RenewAll(now + options_.worker_lease); }
+  // The coordinator itself stalled, or held its decisions: nobody's lease, nor the time in its
+  // compute phase, may count that against it.
+  void RenewAllLeases(absl::Time now) {
+    membership_.RenewAll(now + options_.worker_lease);
+    membership_.RestartPhaseClocks(now);
+  }
+  // Its decisions were held for `held` (the journal could not be written): lost to storage.
+  void AddStorageHold(absl::Duration held) {
+    if (!terminal()) goodput_.AddStorageHold(held);
+  }
   // After a replay: leases restart, for the reconnect grace (a live worker speaks again at
   // once; one that died while the coordinator was down is lost soon),
   // and the window then in flight may be completed by ranks whose BeginWindow the previous
@@ -273,9 +283,17 @@ class StepMachine {
   // drained (LOST, told to exit) for `reason`, and forms the next generation without it.
   void Drain(const std::string& worker_id, const std::string& why, const std::string& reason,
              absl::Time now);
-  // A READY standby not known to be dead.
+  // A READY standby not known to be dead, whose compute thread waits for an assignment.
   bool StandbyReady() const;
-  int64_t DetachedSurvivors() const;  // members whose stream dropped, lease not yet ended
+  static bool Takeable(const WorkerEntry& w);  // such a standby
+  int64_t DetachedSurvivors() const;           // members whose stream dropped, lease not yet ended
+  // Hangs (hangs.cc): the slowest of the job's recent ended windows (none yet: nullopt), the
+  // deadline of a short step of a rank's own work now, a heartbeat's phase noted, and a rank
+  // stuck past its deadline while a peer waits for it fenced (lost) and the job re-formed.
+  std::optional<absl::Duration> SlowestRecentWindow() const;
+  absl::Duration ShortStepDeadlineNow() const;
+  void NotePhase(const v1::HeartbeatRequest& req, absl::Time now);
+  void MaybeFenceHung(absl::Time now);
   // The worker was drained: its heartbeats are answered (with why) so that it exits.
   bool Drained(const std::string& worker_id) const;
   absl::Duration JoinGrace() const;  // spec.workers.join_grace
@@ -318,6 +336,11 @@ class StepMachine {
   int64_t last_commit_ms_ = 0;  // end_time_ms of the last commit in the log (0 = none)
   int64_t consecutive_desyncs_ = 0;
   int64_t rollbacks_ = 0;  // generations formed with rolled_back
+  int64_t hangs_ = 0;      // workers lost as hung (WorkerLost.hung_phase)
+  // Ephemeral: checkpoints rank 0 reported it could not write, and the latest one's error.
+  int64_t checkpoint_failures_ = 0;
+  std::string last_checkpoint_failure_;
+  std::string last_hang_;  // the latest one's reason
   // Ephemeral: since when no generation could form with workers.count workers (reset when one
   // forms); the join grace runs from it. The latest Tick's time, for NextDeadline.
   std::optional<absl::Time> short_since_;
@@ -352,7 +375,8 @@ class StepMachine {
   };
   std::optional<EvalAttempt> eval_attempt_;
 
-  RankScores scores_;  // ephemeral: from the ranks' phase reports, not journaled
+  RankScores scores_;      // ephemeral: from the ranks' phase reports, not journaled
+  GoodputLedger goodput_;  // derived from updates_ (storage holds: ephemeral)
 
   std::map<int64_t, Attempt> attempts_;  // windows of the current generation in flight
   // Ephemeral, set by Recovered: the window (and its generation) in flight at recovery, whose

@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "common/fnv1a.h"
 #include "common/status_macros.h"
+#include "core/hang.h"
 #include "core/llama_config.h"
 #include "core/spec_parse_error.h"
 #include "core/spec_text.h"
@@ -618,6 +619,15 @@ absl::Status ResolveCheckpoint(v1::JobSpec& out) {
   return IntAtLeast("checkpoint.keep_last", c.keep_last(), 0);
 }
 
+// A spec Duration within [0s, 86400s] (a day at most), or INVALID_ARGUMENT naming `path`.
+absl::Status DurationUpToADay(absl::string_view path, const google::protobuf::Duration& d) {
+  if (d.seconds() < 0 || d.nanos() < 0 || d.seconds() > 86400 ||
+      (d.seconds() == 86400 && d.nanos() > 0)) {
+    return Invalid(absl::StrCat(path, " must be between 0s and 86400s, got ", d.seconds(), "s"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveWorkers(v1::JobSpec& out) {
   v1::Workers& w = *out.mutable_workers();
   if (!w.has_count()) w.set_count(defaults::kWorkers);
@@ -625,16 +635,29 @@ absl::Status ResolveWorkers(v1::JobSpec& out) {
   if (!w.has_min()) w.set_min(w.count());
   RETURN_IF_ERROR(IntInRange("workers.min", w.min(), 1, w.count()));
   if (!w.has_join_grace()) w.mutable_join_grace()->set_seconds(defaults::kJoinGraceSeconds);
-  {
-    const google::protobuf::Duration& g = w.join_grace();
-    // A day at most: a job that waits longer for a worker is better told to shrink.
-    if (g.seconds() < 0 || g.nanos() < 0 || g.seconds() > 86400 ||
-        (g.seconds() == 86400 && g.nanos() > 0)) {
-      return Invalid(
-          absl::StrCat("workers.join_grace must be between 0s and 86400s, got ", g.seconds(), "s"));
-    }
+  // A day at most: a job that waits longer for a worker is better told to shrink.
+  return DurationUpToADay("workers.join_grace", w.join_grace());
+}
+
+absl::Status ResolveHang(v1::JobSpec& out) {
+  v1::Hang& h = *out.mutable_hang();
+  if (!h.has_floor()) h.mutable_floor()->set_seconds(kDefaultHangFloorSeconds);
+  if (!h.has_cap()) h.mutable_cap()->set_seconds(kDefaultHangCapSeconds);
+  if (!h.has_factor()) h.set_factor(kDefaultHangFactor);
+  RETURN_IF_ERROR(DurationUpToADay("hang.floor", h.floor()));
+  RETURN_IF_ERROR(DurationUpToADay("hang.cap", h.cap()));
+  const HangPolicy p = HangPolicyOf(out);
+  // Under a second a busy host's scheduling alone would fence healthy ranks.
+  if (p.floor < absl::Seconds(1)) {
+    return Invalid(
+        absl::StrCat("hang.floor must be at least 1s, got ", absl::FormatDuration(p.floor)));
   }
-  return absl::OkStatus();
+  if (p.cap < p.floor) {
+    return Invalid(absl::StrCat("hang.cap (", absl::FormatDuration(p.cap),
+                                ") must not be below hang.floor (", absl::FormatDuration(p.floor),
+                                ")"));
+  }
+  return DoubleInRange("hang.factor", h.factor(), 1, End::kClosed, 1000, End::kClosed);
 }
 
 absl::Status ResolveStragglers(v1::JobSpec& out) {
@@ -798,6 +821,7 @@ absl::StatusOr<v1::JobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveStragglers(out));
   RETURN_IF_ERROR(ResolveValidate(out));
   RETURN_IF_ERROR(ResolveEval(out));
+  RETURN_IF_ERROR(ResolveHang(out));
   return out;
 }
 

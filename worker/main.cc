@@ -17,6 +17,8 @@
 #include "worker/faults/fault_flags.h"
 #include "worker/host/host_setup.h"
 #include "worker/host/malloc_config.h"
+#include "worker/link/compute_phase.h"
+#include "worker/link/health_service.h"
 #include "worker/metrics.h"
 #include "worker/train/device.h"
 #include "worker/train/generate.h"
@@ -69,8 +71,12 @@ ABSL_FLAG(bool, pipeline_begin, true,
           "call per window. false: each window's BeginWindow is sent when the window starts, "
           "e.g. to compare or rule it out");
 ABSL_FLAG(std::string, log_format, "text", "stderr log lines: text | json");
+ABSL_FLAG(std::string, health_listen, "",
+          "gRPC health service address for a liveness probe (host:port; empty disables; port 0 "
+          "picks a free one): NOT_SERVING once the compute thread is stuck in a step of its own "
+          "work past the coordinator's hang deadline (spec.hang)");
 ABSL_FLAG(std::string, port_file, "",
-          "write {\"metrics_port\": N} here once the metrics endpoint listens");
+          "write {\"metrics_port\": N, \"health_port\": N} here once they listen");
 ABSL_FLAG(bool, generate, false,
           "do not train: print text sampled from --checkpoint (a ckpt-<id> directory) and exit");
 ABSL_FLAG(std::string, checkpoint, "", "with --generate: the ckpt-<id> directory to load");
@@ -100,7 +106,7 @@ BinaryHelp WorkerHelp() {
         "collective_timeout_ms"}},
       {"Compute", {"device", "threads", "overlap_allreduce", "pipeline_begin"}},
       {"Data paths", {"allowed_roots"}},
-      {"Metrics", {"metrics_listen", "port_file"}},
+      {"Metrics", {"metrics_listen", "health_listen", "port_file"}},
       {"Logging", {"log_format"}},
       {"Security", {"tls_ca", "tls_cert", "tls_key", "token_file", "tls_reload_interval"}},
       {"Other modes (print, then exit; no training)",
@@ -184,7 +190,7 @@ absl::StatusOr<AllowedRoots> AllowedRootsFromFlags(const ChannelSecurity& securi
   return roots;
 }
 
-// Everything but the metrics, which StartMetrics adds.
+// Everything but the endpoints, which StartEndpoints adds.
 absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host, const TestHooks& hooks) {
   WorkerOptions options;
   options.cpu = host.cpu;
@@ -219,20 +225,31 @@ absl::StatusOr<WorkerOptions> OptionsFromFlags(const HostSetup& host, const Test
   return options;
 }
 
-// The /metrics endpoint (null without --metrics-listen), then --port-file.
-absl::StatusOr<std::unique_ptr<WorkerMetrics>> StartMetrics() {
-  std::unique_ptr<WorkerMetrics> metrics;
+struct Endpoints {
+  std::unique_ptr<WorkerMetrics> metrics;  // null without --metrics-listen
+  std::unique_ptr<WorkerHealth> health;    // null without --health-listen
+};
+
+// The /metrics endpoint and the health service, then --port-file.
+absl::StatusOr<Endpoints> StartEndpoints(const ComputePhase* phase) {
+  Endpoints e;
   const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!listen.empty()) {
-    ASSIGN_OR_RETURN(metrics, WorkerMetrics::Start(listen));
+    ASSIGN_OR_RETURN(e.metrics, WorkerMetrics::Start(listen));
     LogInfo(absl::StrCat("metrics on http://", listen.substr(0, listen.rfind(':')), ":",
-                         metrics->port(), "/metrics"));
+                         e.metrics->port(), "/metrics"));
+  }
+  const std::string health = absl::GetFlag(FLAGS_health_listen);
+  if (!health.empty()) {
+    ASSIGN_OR_RETURN(e.health, WorkerHealth::Start(health, phase));
+    LogInfo(absl::StrCat("health on ", health.substr(0, health.rfind(':')), ":", e.health->port()));
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     RETURN_IF_ERROR(WritePortFile(absl::GetFlag(FLAGS_port_file),
-                                  {{"metrics_port", metrics ? metrics->port() : 0}}));
+                                  {{"metrics_port", e.metrics ? e.metrics->port() : 0},
+                                   {"health_port", e.health ? e.health->port() : 0}}));
   }
-  return metrics;
+  return e;
 }
 
 // Trains until the job ends or this worker fails. Returns the exit code.
@@ -274,9 +291,11 @@ int Main(int argc, char** argv) {
   for (const std::string& w : HostWarnings(*host)) LogWarning(w);
   absl::StatusOr<WorkerOptions> options = OptionsFromFlags(*host, *hooks);
   if (!options.ok()) return Fail(options.status().message());
-  absl::StatusOr<std::unique_ptr<WorkerMetrics>> metrics = StartMetrics();
-  if (!metrics.ok()) return Fail(metrics.status().message());
-  options->metrics = metrics->get();
+  ComputePhase phase;  // outlives the worker and the health service
+  absl::StatusOr<Endpoints> endpoints = StartEndpoints(&phase);
+  if (!endpoints.ok()) return Fail(endpoints.status().message());
+  options->metrics = endpoints->metrics.get();
+  options->compute_phase = &phase;
   return RunWorker(*std::move(options));
 }
 

@@ -25,6 +25,11 @@ WorkerMetrics::WorkerMetrics()
                   .Name("trainstep_worker_tokens_total")
                   .Help("Valid tokens (or samples) this worker trained")
                   .Register(*registry_)),
+      checkpoint_failures_(prometheus::BuildCounter()
+                               .Name("trainstep_worker_checkpoint_failures_total")
+                               .Help("Checkpoints this worker could not write (the previous "
+                                     "durable one stayed; training went on)")
+                               .Register(*registry_)),
       phase_(prometheus::BuildHistogram()
                  .Name("trainstep_worker_compute_seconds")
                  .Help("Time per phase of a window")
@@ -57,6 +62,10 @@ void WorkerMetrics::AddAllReduce(int64_t calls, int64_t bytes) {
 
 void WorkerMetrics::AddTokens(int64_t n) {
   tokens_.Add({{"training_job", job_}}).Increment(static_cast<double>(n));
+}
+
+void WorkerMetrics::AddCheckpointFailure() {
+  checkpoint_failures_.Add({{"training_job", job_}}).Increment();
 }
 
 void WorkerMetrics::ObservePhase(absl::string_view phase, double seconds) {

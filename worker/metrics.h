@@ -28,6 +28,7 @@ class WorkerMetrics {
   void AddMicroSteps(int64_t n);
   void AddAllReduce(int64_t calls, int64_t bytes);
   void AddTokens(int64_t n);
+  void AddCheckpointFailure();  // a checkpoint that could not be written
   // phase: forward | backward | allreduce (the wait after backward) |
   // allreduce_overlapped (first bucket launched → backward returned) | optimizer
   void ObservePhase(absl::string_view phase, double seconds);
@@ -42,6 +43,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& allreduce_calls_;
   prometheus::Family<prometheus::Counter>& allreduce_bytes_;
   prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Family<prometheus::Counter>& checkpoint_failures_;
   prometheus::Family<prometheus::Histogram>& phase_;
   prometheus::Family<prometheus::Gauge>& build_info_;
 };

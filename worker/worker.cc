@@ -73,7 +73,10 @@ std::string JobEndMessage(const std::string& job_id, const HeartbeatSnapshot& la
 
 }  // namespace
 
-Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
+Worker::Worker(WorkerOptions options)
+    : options_(std::move(options)),
+      own_phase_(options_.clock),
+      phase_(options_.compute_phase != nullptr ? options_.compute_phase : &own_phase_) {
   if (options_.name.empty()) {
     options_.name = absl::StrCat(LocalHostName(), "-", getpid());
   }
@@ -124,6 +127,7 @@ absl::Status Worker::Setup() {
   lopts.host = options_.collective.host;
   lopts.coordinator = options_.coordinator;
   lopts.clock = options_.clock;
+  lopts.compute_phase = phase_;
   link_ = std::make_unique<CoordinatorLink>(client_, lopts);
   RETURN_IF_ERROR(link_->Register());
   // A collective blocked on a peer that died or stopped ends once the coordinator says the
@@ -169,6 +173,9 @@ absl::Status Worker::Setup() {
       [this](const ckpt::CheckpointMeta& meta, const std::string& path) {
         return AckCheckpoint(meta, path);
       });
+  checkpoints_->set_on_failed([this](const ckpt::CheckpointMeta& meta, const absl::Status& why) {
+    CheckpointFailed(meta, why);
+  });
 
   absl::StatusOr<data::Dataset> d = data::Dataset::Load(spec_, job_roots_);
   if (!d.ok()) {
@@ -305,7 +312,9 @@ absl::Status Worker::WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, i
     meta.eval_update_id = last_eval_->first;
     meta.eval_loss = last_eval_->second;
   }
-  // Copied off the device now, written and acknowledged in the background (checkpoint_writer.h).
+  // Copied off the device now, written and acknowledged in the background (checkpoint_writer.h);
+  // Submit first waits for the previous one's write.
+  phase_->Enter(v1::COMPUTE_PHASE_CHECKPOINT);
   return checkpoints_->Submit(meta, replica_->ModelTensors(), replica_->OptimizerTensors());
 }
 
@@ -321,6 +330,41 @@ absl::Status Worker::AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::
   RETURN_IF_ERROR(client_->AckCheckpoint(ack));
   LogInfo(absl::StrCat("checkpoint ", meta.checkpoint_id, " (update ", meta.optimizer_update_id,
                        ") at ", path));
+  return absl::OkStatus();
+}
+
+void Worker::CheckpointFailed(const ckpt::CheckpointMeta& meta, const absl::Status& why) {
+  LogError(absl::StrCat("checkpoint ", meta.checkpoint_id, " (update ", meta.optimizer_update_id,
+                        ") could not be written: ", why.message(),
+                        "; the previous durable checkpoint stays, and training goes on"));
+  if (options_.metrics != nullptr) options_.metrics->AddCheckpointFailure();
+  failed_checkpoint_ = meta;  // read by the training thread after Flush
+  v1::AckCheckpointRequest report;
+  report.set_job_id(job_id_);
+  report.set_worker_id(link_->member_id());
+  report.set_checkpoint_id(meta.checkpoint_id);
+  report.set_optimizer_update_id(meta.optimizer_update_id);
+  report.set_error(std::string(why.message()).substr(0, 1024));
+  // Best effort: the coordinator only counts it; the checkpoint stays undurable either way.
+  if (absl::Status s = client_->AckCheckpoint(report); !s.ok()) {
+    LogWarning(absl::StrCat("could not report the failed checkpoint: ", s.message()));
+  }
+}
+
+absl::Status Worker::WriteFinalCheckpointAgain() {
+  phase_->Enter(v1::COMPUTE_PHASE_CHECKPOINT);
+  while (failed_checkpoint_.has_value() &&
+         failed_checkpoint_->optimizer_update_id == link_->applied_update()) {
+    // The job's end waits for its final checkpoint, and the replica still holds that update:
+    // write it again once the disk may have room (a failure that stays is seen in the log).
+    if (link_->AwaitJobEnd(kCheckpointRetryEvery).ok()) return absl::OkStatus();
+    const ckpt::CheckpointMeta meta = *std::exchange(failed_checkpoint_, std::nullopt);
+    LogInfo(
+        absl::StrCat("writing checkpoint ", meta.checkpoint_id, " again (the job ends with it)"));
+    RETURN_IF_ERROR(
+        checkpoints_->Submit(meta, replica_->ModelTensors(), replica_->OptimizerTensors()));
+    RETURN_IF_ERROR(checkpoints_->Flush());
+  }
   return absl::OkStatus();
 }
 
@@ -388,6 +432,7 @@ absl::StatusOr<v1::WindowDecision> Worker::RunWindow(const v1::Assignment& a, in
     // CompleteWindow and was counted then is counted once.
     plan = PlanWindow(a, window_id);
     begin = BeginRequest(a, window_id, plan.units);
+    phase_->Enter(v1::COMPUTE_PHASE_REPORT);
     b = client_->BeginWindow(begin);
     if (b.ok()) answered_by = link_->Snapshot().coordinator_id;
   }
@@ -485,6 +530,7 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
   if (Validates()) run.grad_checksum = replica_->GradientChecksum();
 
   const Stopwatch reduce_watch;
+  phase_->Enter(v1::COMPUTE_PHASE_ALLREDUCE);
   absl::StatusOr<AllReduceStats> reduced =
       pending != nullptr ? pending->Finish(replica_->BucketGradients())
                          : collective_->AllReduceSum(replica_->BucketGradients());
@@ -506,6 +552,7 @@ absl::StatusOr<Worker::WindowRun> Worker::ComputeWindow(
   }
   pending.reset();
   if (run_number == 1) options_.faults->AfterAllReduce(window_id, scale, *replica_);
+  phase_->Enter(v1::COMPUTE_PHASE_OPTIMIZER);  // unscaling and the norm: its own work again
   run.check = replica_->UnscaleAndNorm(scale);
   run.number = run_number;
   return run;
@@ -540,6 +587,7 @@ absl::StatusOr<v1::CompleteWindowResponse> Worker::ReportWindow(
   if (run.grad_checksum.has_value()) complete.set_grad_checksum(*run.grad_checksum);
   for (const v1::SampleLoss& s : run.sample_losses) *complete.add_sample_losses() = s;
   const Stopwatch decision_wait;
+  phase_->Enter(v1::COMPUTE_PHASE_REPORT);
   absl::StatusOr<v1::CompleteWindowResponse> c = client_->CompleteWindow(complete);
   last_decision_wait_seconds_ = decision_wait.Seconds();
   return c;
@@ -590,6 +638,7 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
   for (size_t k = 0; k < micro_batches.size(); ++k) {
     const std::vector<int64_t>& mb = micro_batches[k];
     const Stopwatch collate;
+    phase_->Enter(v1::COMPUTE_PHASE_DATA);
     data::MicroBatch batch = data::Collate(*dataset_, mb);
     options_.faults->PoisonSamples(mb, batch);
     times->data_seconds += collate.Seconds();
@@ -598,6 +647,7 @@ absl::StatusOr<double> Worker::RunMicroSteps(const v1::Assignment& a,
         BackwardMultiplier(spec_.loss().normalization(), loss_scale, global_units, micro_units,
                            spec_.batch().accumulation_steps(), a.world_size());
     MicroStepTimes t;
+    phase_->Enter(v1::COMPUTE_PHASE_FORWARD_BACKWARD);
     ASSIGN_OR_RETURN(double l,
                      replica_->MicroStep(batch, multiplier, &t,
                                          k + 1 == micro_batches.size() ? last_ready : nullptr));
@@ -634,6 +684,7 @@ void Worker::EndBeginResend() {
 
 void Worker::ApplyDecision(const v1::WindowDecision& d) {
   const absl::Time start = absl::Now();
+  phase_->Enter(v1::COMPUTE_PHASE_OPTIMIZER);
   if (d.outcome() == v1::COMMIT) {
     checkpoints_->BeforeParametersChange();  // a checkpoint still being copied sees no change
     replica_->Commit(d.clip_coef(), d.learning_rate());
@@ -647,6 +698,7 @@ void Worker::ApplyDecision(const v1::WindowDecision& d) {
 
 absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
   const absl::Time start = absl::Now();
+  phase_->Enter(v1::COMPUTE_PHASE_EVAL);
   const std::vector<std::vector<int64_t>> micro_batches =
       EvalMicroBatches(eval_dataset_->size(), spec_.batch().micro_batch_size(),
                        spec_.eval().max_batches(), a.rank(), a.world_size());
@@ -667,6 +719,7 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
   req.set_optimizer_update_id(update_id);
   req.set_loss_sum(loss_sum);
   req.set_valid_units(units);
+  phase_->Enter(v1::COMPUTE_PHASE_REPORT);
   ASSIGN_OR_RETURN(v1::ReportEvalResponse r, client_->ReportEval(req));
   last_eval_.emplace(update_id, r.eval_loss());
   LogInfo(absl::StrCat("eval after update ", update_id, ": loss ", r.eval_loss(), " over ",
@@ -676,6 +729,7 @@ absl::Status Worker::RunEval(const v1::Assignment& a, int64_t update_id) {
 }
 
 absl::StatusOr<Worker::GenerationEnd> Worker::JoinAndRun(const v1::Assignment& a) {
+  phase_->Enter(v1::COMPUTE_PHASE_JOIN);
   collective_.reset();
   absl::StatusOr<std::unique_ptr<Collective>> c =
       Collective::Connect(shared_client_, job_id_, a, options_.collective);
@@ -708,6 +762,8 @@ absl::StatusOr<Worker::GenerationEnd> Worker::RunGeneration(const v1::Assignment
                                     a.next_window_id() - 1, a.scheduler_step(), a.loss_scale()));
   }
   for (int64_t window = a.next_window_id();; ++window) {
+    // Reading the window's data starts here (a hold before it is a stuck read).
+    phase_->Enter(v1::COMPUTE_PHASE_DATA);
     options_.faults->BeforeWindow(window);
     absl::StatusOr<v1::WindowDecision> d = RunWindow(a, window);
     if (!d.ok()) {
@@ -752,6 +808,7 @@ WorkerExit Worker::RunOrThrow() {
   if (!setup.ok()) return {1, std::string(setup.message())};
   int64_t after = 0;
   while (true) {
+    phase_->Enter(v1::COMPUTE_PHASE_IDLE);
     absl::StatusOr<v1::Assignment> a = link_->AwaitAssignment(after);
     if (!a.ok()) {
       if (!link_->Snapshot().drained.empty()) {
@@ -769,7 +826,9 @@ WorkerExit Worker::RunOrThrow() {
                          v1::Assignment::StateSource_Name(a->state_source())));
     absl::StatusOr<GenerationEnd> end = JoinAndRun(*a);
     // Whatever ended the generation, the checkpoint in flight is finished first: the next
-    // generation may restore the parameters in place, and a failed write fails the job.
+    // generation may restore the parameters in place. A write that failed was reported and
+    // training goes on (CheckpointFailed); an acknowledgement that failed fails the job.
+    phase_->Enter(v1::COMPUTE_PHASE_CHECKPOINT);
     if (absl::Status written = checkpoints_->Flush(); !written.ok()) {
       if (end.ok()) {
         end = written;
@@ -783,6 +842,10 @@ WorkerExit Worker::RunOrThrow() {
       return {1, std::string(end.status().message())};
     }
     if (*end == GenerationEnd::kJobDone) {
+      if (absl::Status s = WriteFinalCheckpointAgain(); !s.ok()) {
+        Fail(s);
+        return {1, std::string(s.message())};
+      }
       // Rank 0 may still be writing the final checkpoint; everyone stays until the job ends,
       // in case a survivor is needed to finish it.
       if (absl::Status s = link_->AwaitJobEnd(absl::Minutes(30)); !s.ok()) {

@@ -59,6 +59,9 @@ struct WorkerOptions {
   // pass a fake one, and a fake clock for the waits that give up.
   WorkerRpc* client = nullptr;
   const Clock* clock = RealClock::Get();
+  // Where the compute thread is (heartbeats, the health service); null: the worker keeps its
+  // own.
+  ComputePhase* compute_phase = nullptr;
 };
 
 // How the process should exit.
@@ -157,6 +160,13 @@ class Worker {
   absl::Status WriteCheckpoint(int64_t checkpoint_id, int64_t update_id, int64_t window_id,
                                int64_t scheduler_step, double loss_scale);
   absl::Status AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::string& path);
+  // A checkpoint could not be written (the writing thread): logged, counted, reported to the
+  // coordinator (AckCheckpointRequest.error), kept in failed_checkpoint_; training goes on.
+  void CheckpointFailed(const ckpt::CheckpointMeta& meta, const absl::Status& why);
+  // At the job's end: while its final checkpoint failed and the replica still holds its
+  // update, writes it again every kCheckpointRetryEvery until it is durable or the job ended.
+  absl::Status WriteFinalCheckpointAgain();
+  static constexpr absl::Duration kCheckpointRetryEvery = absl::Seconds(5);
   void Fail(const absl::Status& status);
   // Whether the job is over, by the coordinator's word after an error: a window refused
   // because the job was cancelled ends this worker with the job, not as its failure.
@@ -173,6 +183,9 @@ class Worker {
   // Does not own options.client.
   std::shared_ptr<WorkerRpc> shared_client_;
   WorkerRpc* client_ = nullptr;
+  // options_.compute_phase, or own_phase_.
+  ComputePhase own_phase_;
+  ComputePhase* phase_ = nullptr;
   // Registration, the heartbeats and what they say (coordinator_link.h); set by Setup().
   std::unique_ptr<CoordinatorLink> link_;
   std::string job_id_;      // link_'s, once registered
@@ -186,6 +199,9 @@ class Worker {
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<CheckpointWriter> checkpoints_;  // rank 0 writes; set by Setup()
+  // The latest checkpoint that could not be written (CheckpointFailed, on the writing thread;
+  // read by the training thread after a Flush).
+  std::optional<ckpt::CheckpointMeta> failed_checkpoint_;
   at::Device device_ = at::kCPU;
 
   absl::Mutex begin_mu_;  // the training thread and the collective's keep_waiting callers

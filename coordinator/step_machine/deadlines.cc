@@ -86,6 +86,7 @@ void StepMachine::Tick(absl::Time now) {
   }
   // Also when nobody was lost: the join grace may just have run out.
   if (lost_any || !membership_.generation_live()) MaybeFormGeneration(now);
+  MaybeFenceHung(now);
 }
 
 }  // namespace trainstep

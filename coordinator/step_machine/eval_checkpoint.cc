@@ -47,6 +47,15 @@ absl::Status StepMachine::AckCheckpoint(const v1::AckCheckpointRequest& req, abs
                      it->second.optimizer_update_id(), ", not ", req.optimizer_update_id()));
   }
   if (it->second.durable()) return absl::OkStatus();
+  if (!req.error().empty()) {
+    // Not durable: counted and shown, nothing journaled. The previous durable checkpoint
+    // stays the one a rollback uses; a final checkpoint is written again by rank 0.
+    ++checkpoint_failures_;
+    last_checkpoint_failure_ =
+        absl::StrCat("checkpoint ", req.checkpoint_id(), " (update ", req.optimizer_update_id(),
+                     ") on worker ", req.worker_id(), ": ", req.error());
+    return absl::OkStatus();
+  }
   v1::JournalRecord record;
   v1::CheckpointDurable* c = record.mutable_checkpoint_durable();
   c->set_job_id(job_id());

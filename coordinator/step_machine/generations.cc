@@ -39,7 +39,7 @@ bool StepMachine::MembersMayChangeNow() const {
 
 bool StepMachine::MaybeGrow(absl::Time now) {
   if (!MembersMayChangeNow() || membership_.world_size() >= job_.spec().workers().count() ||
-      membership_.Standbys().empty()) {
+      !StandbyReady()) {
     return false;
   }
   // At a window boundary, with workers back: the next generation takes them (up to
@@ -51,10 +51,18 @@ bool StepMachine::MaybeGrow(absl::Time now) {
   return true;
 }
 
+bool StepMachine::Takeable(const WorkerEntry& w) {
+  // A standby whose compute thread is not waiting for an assignment is busy or stuck: a
+  // worker fenced as hung registers again from its heartbeat thread while its compute thread
+  // may still hang, and taking it would only hang the next generation.
+  return !w.detached &&
+         (w.phase == v1::COMPUTE_PHASE_UNSPECIFIED || w.phase == v1::COMPUTE_PHASE_IDLE);
+}
+
 bool StepMachine::StandbyReady() const {
   const std::vector<std::string> standbys = membership_.Standbys();
   return std::any_of(standbys.begin(), standbys.end(),
-                     [this](const std::string& id) { return !membership_.Find(id)->detached; });
+                     [this](const std::string& id) { return Takeable(*membership_.Find(id)); });
 }
 
 int64_t StepMachine::DetachedSurvivors() const {
@@ -142,7 +150,7 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
     }
   }
   for (const std::string& id : membership_.Standbys()) {
-    if (!membership_.Find(id)->detached) standbys.push_back(id);
+    if (Takeable(*membership_.Find(id))) standbys.push_back(id);
   }
   const size_t count = static_cast<size_t>(job_.spec().workers().count());
   const size_t available = survivors.size() + standbys.size();

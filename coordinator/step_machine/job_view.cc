@@ -1,6 +1,8 @@
 // The job as the client sees it: the Job message, its progress and rates, the workers.
 // Part of StepMachine (coordinator/step_machine.h): one concept per file.
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/step_machine.h"
@@ -51,6 +53,14 @@ v1::Job StepMachine::Job() const {
   p->set_epoch(EpochOf(last_window_ + 1));
   p->set_micro_step_id(micro_step_id_);
   p->set_rollbacks(rollbacks_);
+  if (const v1::Goodput g = goodput_.Report(); g.wall_seconds() > 0 || counts_.committed > 0) {
+    *p->mutable_goodput() = g;
+  }
+  p->set_hangs(hangs_);
+  p->set_checkpoint_failures(checkpoint_failures_);
+  p->set_last_checkpoint_failure(last_checkpoint_failure_);
+  p->set_last_hang(last_hang_);
+  if (!terminal()) p->set_hang_deadline_ms(absl::ToInt64Milliseconds(ShortStepDeadlineNow()));
   if (!terminal() && dataset_.has_value() && !membership_.generation_live()) {
     // Visible, not silent: a job short of workers says what it waits for.
     const v1::Workers& w = job_.spec().workers();
@@ -116,8 +126,14 @@ v1::Throughput StepMachine::Throughput(absl::Time now) const {
 std::vector<v1::WorkerInfo> StepMachine::Workers() const {
   std::vector<v1::WorkerInfo> out;
   for (const std::string& id : membership_.order()) {
-    out.push_back(membership_.Find(id)->info);
+    const WorkerEntry* w = membership_.Find(id);
+    out.push_back(w->info);
     if (out.back().state() == v1::LOST) continue;
+    if (w->phase != v1::COMPUTE_PHASE_UNSPECIFIED) {
+      out.back().set_phase(w->phase);
+      out.back().set_phase_ms(absl::ToInt64Milliseconds(
+          std::max(absl::ZeroDuration(), w->phase_heard - w->phase_since)));
+    }
     if (std::optional<v1::RankScore> score = scores_.Find(id)) *out.back().mutable_score() = *score;
   }
   return out;

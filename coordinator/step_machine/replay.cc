@@ -64,7 +64,10 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   std::unique_ptr<StepMachine> m(new StepMachine(options, snap.job()));
   m->scaler_ = LossScaler(m->scaler_config_, snap.scaler());
   m->updates_.assign(snap.updates().begin(), snap.updates().end());
-  for (const v1::UpdateRecord& r : m->updates_) m->counts_.Add(r);
+  for (const v1::UpdateRecord& r : m->updates_) {
+    m->counts_.Add(r);
+    m->goodput_.Add(r);
+  }
   m->last_eval_ = LatestEval(m->updates_, snap.job().job_id());
   if (snap.has_eval_due_update_id()) m->eval_due_ = snap.eval_due_update_id();
   m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
@@ -86,6 +89,8 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
   m->cumulative_tokens_ = p.cumulative_tokens();
   m->micro_step_id_ = p.micro_step_id();
   m->rollbacks_ = p.rollbacks();
+  m->hangs_ = p.hangs();
+  m->last_hang_ = p.last_hang();
   m->RefreshDroppedTail();
   for (auto it = m->updates_.rbegin(); it != m->updates_.rend(); ++it) {
     if (OutcomeOf(*it) == v1::COMMIT) {
@@ -133,6 +138,11 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
       membership_.MarkLost(record.worker_lost().worker_id(), record.time_ms());
       if (record.worker_lost().drained()) {
         membership_.MarkDrained(record.worker_lost().worker_id(), record.worker_lost().reason());
+      }
+      if (record.worker_lost().hung_phase() != v1::COMPUTE_PHASE_UNSPECIFIED) {
+        ++hangs_;
+        last_hang_ =
+            absl::StrCat(record.worker_lost().worker_id(), " ", record.worker_lost().reason());
       }
       break;
     case v1::JournalRecord::kGenerationFormed:
@@ -285,6 +295,7 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
   const v1::UpdateRecord& r = d.record();
   updates_.push_back(r);
   counts_.Add(r);
+  goodput_.Add(r);
   if (VerdictOf(r.rerun()) == v1::RERUN_VERDICT_TRANSIENT) {
     for (const std::string& id : r.rerun().worker_ids()) membership_.AddSuspect(id);
   }

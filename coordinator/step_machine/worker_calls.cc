@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "coordinator/report_validation.h"
 #include "coordinator/step_machine.h"
+#include "core/hang.h"
 #include "core/spec.h"
 
 namespace trainstep {
@@ -101,13 +102,19 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
   ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
   membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id(),
                     req.has_idle_after_generation() ? req.idle_after_generation() : -1);
+  NotePhase(req, now);
   if (!terminal() && req.has_dataset() && !w->dataset_accepted) {
     RETURN_IF_ERROR(AcceptDataset(req.worker_id(), req.dataset(), now));
   }
   if (req.has_idle_after_generation()) MaybeLeaveGeneration(req.worker_id(), now);
   // What a survivor holds may have been the one thing a new generation waited for.
   if (!membership_.generation_live()) MaybeFormGeneration(now);
-  return HeartbeatAnswer(req.worker_id());
+  v1::HeartbeatResponse resp = HeartbeatAnswer(req.worker_id());
+  // Heartbeat answers only: Attach pushes a place when it changes, and these change with
+  // every window.
+  resp.set_hang_deadline_ms(absl::ToInt64Milliseconds(ShortStepDeadlineNow()));
+  resp.set_hang_cap_ms(absl::ToInt64Milliseconds(HangPolicyOf(job_.spec()).cap));
+  return resp;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> StepMachine::Attach(const v1::AttachRequest& req,

@@ -32,6 +32,9 @@ Fault kinds (--kinds, default all that this machine allows):
                     back to its latest durable checkpoint (a necessary rollback) and still end
                     with the fault-free weights
   partition         (--netns only) a rank's link taken down longer than the lease, then up
+  hang              a rank held before its next window, alive and heartbeating (the testing
+                    build's --debug-hold-file), until the job committed in a generation
+                    without it: it must be fenced as hung, not waited for
   grad_flip         +inf into one rank's local gradient in one window's first run (a transient
                     fault: the job re-runs non-finite windows, spec.validate); judged by the
                     window's `rerun` record, which must name that rank's worker as transient
@@ -99,14 +102,15 @@ if os.path.join(SOURCE_DIR, "client", "python") not in sys.path:
 SKIP = 77
 
 KINDS = ("worker_kill", "coordinator_kill", "restart_gap_kill", "worker_stop", "checkpoint_kill",
-         "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "grad_flip", "partition")
+         "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "grad_flip", "partition",
+         "hang")
 # The coordinator's own faults: counted from a new coordinator listening (a kill), or from the
 # heal (the journal's, which the same coordinator outlives).
 COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail")
 # Faults that cost one rank, which the registered spare replaces: each is injected only once
 # a spare is registered again (the campaign's precondition; its wait is reported).
 SPARE_FAULTS = ("worker_kill", "worker_retire", "restart_gap_kill", "checkpoint_kill",
-                "worker_stop", "partition")
+                "worker_stop", "partition", "hang")
 # Each kind's bound on recovery: (seconds, or "lease", or "grace + 1 s"; the phase of
 # judge.phases it holds).
 # * 1 s to the next commit for a rank's or the coordinator's SIGKILL; a SIGSTOPped
@@ -124,7 +128,7 @@ BOUNDS = {"worker_kill": (1.0, "commit_s"), "checkpoint_kill": (1.0, "commit_s")
           "journal_full": (1.0, "commit_s"), "fsync_fail": (1.0, "commit_s"),
           "restart_gap_kill": ("grace + 1 s", "commit_s"), "all_ranks_kill": ("lease", "commit_s"),
           "worker_stop": ("lease", "assigned_s"), "partition": ("lease", "assigned_s"),
-          "grad_flip": (1.0, "commit_s")}
+          "grad_flip": (1.0, "commit_s"), "hang": (10.0, "commit_s")}
 # The coordinator's default --reconnect_grace_ms (this tool does not change it), in seconds.
 RECONNECT_GRACE_S = 3.0
 
@@ -505,7 +509,8 @@ class Campaign:
         cluster = Cluster(self.bin_dir, job_dir, lease_ms=args.lease_ms, topology=self.topology,
                           state_tmpfs_mb=tmpfs, fsync_shim=self.shim,
                           restart_delay_s=args.restart_delay, say=log,
-                          flip_files="grad_flip" in self.kinds)
+                          flip_files="grad_flip" in self.kinds,
+                          hold_files="hang" in self.kinds)
         faults = []
         result = {"job": index, "dir": job_dir, "faults": 0, "problems": []}
         t_start = time.time()
@@ -693,6 +698,18 @@ class Campaign:
             if t is None:
                 return None
             fault.update(inject=t, ref=t, victim=victim.name, pid=victim.pid)
+        elif kind == "hang":
+            victim = self._victim(cluster)
+            if victim is None:
+                return None
+            t = cluster.hold(victim)
+            fault.update(inject=t, ref=t, victim=victim.name, pid=victim.pid)
+            # Held until the job committed without it: a job that waits for it never does.
+            seen = self._await_recovery(cluster, g0, c0, True, timeout)
+            fault["heal"] = cluster.release(victim)
+            fault["observed_recovery"] = seen
+            self._report(fault, total)
+            return fault
         elif kind == "all_ranks_kill":
             active = cluster.workers_by_state().get("ACTIVE", [])
             if len(active) < self.args.workers:
@@ -1007,6 +1024,7 @@ class Campaign:
             "failures": failures, "stopped_early": self.stopped_early,
             "minutes": (time.time() - self.started) / 60.0,
             "pass": not failures and bool(self.jobs),
+            "goodput": campaign_goodput(self.jobs),
         }
         write_summary(self.out, summary, quiet)
         return summary
@@ -1115,6 +1133,33 @@ def _bound_text(v):
     return f"{v['bound_s']:g}" + ("" if phase == "commit" else f" ({phase})")
 
 
+GOODPUT_CAUSES = ("reform", "rollback", "skipped", "storage")
+
+
+def goodput_line(g):
+    if not g or g.get("ratio") is None:
+        return "  goodput: none reported"
+    lost = ", ".join(f"{c} {g['lost_seconds'][c]:.1f} s" for c in GOODPUT_CAUSES)
+    return (f"  goodput {100 * g['ratio']:.2f}% of {g['wall_seconds']:.0f} s from each job's "
+            f"first commit (worst job {100 * g['worst_job_ratio']:.2f}%); lost: {lost}")
+
+
+def campaign_goodput(jobs):
+    """The jobs' goodput (job get's, from their final progress) pooled: productive ÷ wall
+    seconds over every job, the lost seconds by cause, and the worst job's ratio; None before
+    any job reported one."""
+    reports = [(j.get("progress") or {}).get("goodput") for j in jobs]
+    reports = [g for g in reports if g and g.get("wall_seconds")]
+    if not reports:
+        return None
+    wall = sum(g["wall_seconds"] for g in reports)
+    productive = sum(g.get("productive_seconds", 0.0) for g in reports)
+    return {"ratio": productive / wall if wall > 0 else None, "wall_seconds": wall,
+            "lost_seconds": {c: sum(g.get(f"{c}_seconds", 0.0) for g in reports)
+                             for c in GOODPUT_CAUSES},
+            "worst_job_ratio": min(g.get("ratio", 0.0) for g in reports)}
+
+
 def render_table(s):
     lines = [f"chaos campaign, seed {s['seed']}: {s['faults_injected']} faults over {s['jobs']} "
              f"jobs ({s['jobs_succeeded']} succeeded, {s['jobs_passed']} passed), "
@@ -1127,6 +1172,7 @@ def render_table(s):
              f"{s['rollbacks']} (unnecessary {s['unnecessary_rollbacks']}, updates redone "
              f"{s['redone_updates']}), max weight rel diff "
              f"{_fmt_diff(s['max_weight_rel_diff'])}",
+             goodput_line(s.get("goodput")),
              "",
              f"  {'kind':<17}{'count':>6}{'recov':>6}{'p50 s':>8}{'p90 s':>8}{'max s':>8}"
              f"{'bound':>14}{'stall':>6}{'rollb':>6}{'unnec':>6}{'infail':>8}"]
@@ -1246,18 +1292,18 @@ def main(argv=None):
     args.bin = args.bin or os.environ.get("TRAINSTEP_BIN_DIR") or os.path.join(
         SOURCE_DIR, "build", "bin")
     testing_bin = os.path.join(args.bin, "testing")
-    if "grad_flip" in args.kinds and os.access(os.path.join(testing_bin, "trainstep-worker"),
-                                               os.X_OK):
+    needs_testing = [k for k in ("grad_flip", "hang") if k in args.kinds]
+    if needs_testing and os.access(os.path.join(testing_bin, "trainstep-worker"), os.X_OK):
         args.bin = testing_bin
     for b in ("trainstep-coordinator", "trainstep-worker"):
         if not os.access(os.path.join(args.bin, b), os.X_OK):
             print(f"chaos: {args.bin}/{b} not found (build first, or pass --bin)",
                   file=sys.stderr)
             return 1
-    if "grad_flip" in args.kinds and not worker_takes_fault_flags(args.bin):
-        print(f"chaos: grad_flip needs the testing build's worker (its --debug-flip-grad-file); "
-              f"{args.bin}/trainstep-worker is the shipped one: pass --bin build/bin/testing",
-              file=sys.stderr)
+    if needs_testing and not worker_takes_fault_flags(args.bin):
+        print(f"chaos: {', '.join(needs_testing)} needs the testing build's worker (its "
+              f"--debug-* flags); {args.bin}/trainstep-worker is the shipped one: pass --bin "
+              "build/bin/testing", file=sys.stderr)
         return 1
     if args.nice:
         os.nice(args.nice)

@@ -120,7 +120,7 @@ class Cluster:
 
     def __init__(self, bin_dir, work_dir, *, lease_ms=None, topology=None, state_tmpfs_mb=0,
                  fsync_shim=None, worker_threads=1, restart_delay_s=0.5, say=print,
-                 flip_files=False):
+                 flip_files=False, hold_files=False):
         self.bin_dir = bin_dir
         self.dir = work_dir
         os.makedirs(os.path.join(work_dir, "logs"), exist_ok=True)
@@ -133,6 +133,10 @@ class Cluster:
         self.flip_dir = os.path.join(work_dir, "flips") if flip_files else None
         if self.flip_dir:
             os.makedirs(self.flip_dir, exist_ok=True)
+        # hang: each slot's worker holds before its next window while its file exists.
+        self.hold_dir = os.path.join(work_dir, "holds") if hold_files else None
+        if self.hold_dir:
+            os.makedirs(self.hold_dir, exist_ok=True)
         self.stopping = threading.Event()
         self.job_over = threading.Event()
         self.lock = threading.Lock()
@@ -307,6 +311,8 @@ class Cluster:
             argv += ["--collective-host", self.topology.address(slot.node)]
         if self.flip_dir:
             argv.append(f"--debug-flip-grad-file={os.path.join(self.flip_dir, str(slot.index))}")
+        if self.hold_dir:
+            argv.append(f"--debug-hold-file={os.path.join(self.hold_dir, str(slot.index))}")
         return argv
 
     def _worker_loop(self, slot):
@@ -385,6 +391,20 @@ class Cluster:
         with open(path + ".tmp", "w") as f:
             f.write("armed by chaos.py\n")
         os.replace(path + ".tmp", path)  # whole, or not there
+        return time.time()
+
+    def hold(self, proc):
+        """hang: `proc`'s worker stops before its next window, alive and heartbeating, until
+        release(). Returns the time it was held."""
+        with open(os.path.join(self.hold_dir, str(proc.slot)), "w") as f:
+            f.write("held by chaos.py\n")
+        return time.time()
+
+    def release(self, proc):
+        try:
+            os.unlink(os.path.join(self.hold_dir, str(proc.slot)))
+        except FileNotFoundError:
+            pass
         return time.time()
 
     def kill_coordinator(self):

@@ -9,4 +9,4 @@ import ctest_campaign
 
 if __name__ == "__main__":
     sys.exit(ctest_campaign.run("chaos-short", [
-        "--faults", "10", "--faults-per-job", "4", "--seed", "13", "--max-minutes", "2.5"]))
+        "--faults", "11", "--faults-per-job", "4", "--seed", "13", "--max-minutes", "2.5"]))

@@ -228,6 +228,38 @@ TEST_F(ElasticTest, AReplacementThatStartsAfterTheJobShrankJoinsAtABoundary) {
   ExpectSameWeights(reference, FinalWeights(ckpt));
 }
 
+// Catches the probe's finding: one rank held before a window (its process and heartbeats
+// alive) stalled every other rank for as long as it was held. It is fenced past the hang
+// deadline (spec.hang's 5 s floor: these windows take milliseconds) and the job finishes at two
+// ranks while it is still held, with the weights of the fault-free run.
+TEST_F(ElasticTest, ARankHeldAliveIsFencedAndTheJobFinishesWithoutIt) {
+  const ckpt::TensorMap reference = Reference();
+  const std::string ckpt = dir_ + "/ckpt-elastic";
+  absl::StatusOr<std::string> id = cluster_->Submit(Spec(ckpt, R"({"count":3,"min":2})"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  ASSERT_TRUE(cluster_->StartWorker(*id).ok());
+  ASSERT_TRUE(cluster_->StartWorker(*id, {HoldFlag()}).ok());
+  ASSERT_TRUE(WaitUntil(
+      *id,
+      [](const v1::Job& j) {
+        return j.progress().world_size() == 3 && j.progress().optimizer_update_id() >= 30;
+      },
+      absl::Seconds(120)))
+      << cluster_->Logs();
+  std::ofstream(HoldFile()) << "held by the test\n";
+  absl::StatusOr<v1::Job> done = cluster_->WaitForJob(*id, absl::Seconds(180));
+  ASSERT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster_->Logs();
+  EXPECT_TRUE(std::filesystem::exists(HoldFile()));  // it finished while the rank was held
+  std::filesystem::remove(HoldFile());
+  EXPECT_EQ(done->progress().hangs(), 1);
+  EXPECT_NE(done->progress().last_hang().find("stayed in data for"), std::string::npos)
+      << done->progress().last_hang();
+  EXPECT_EQ(done->progress().rollbacks(), 0);
+  ExpectEachUpdateOnce(*id);
+  ExpectSameWeights(reference, FinalWeights(ckpt));
+}
+
 // Catches a job below workers.min that trains anyway, rolls back, or waits without saying so:
 // it waits visibly (progress.waiting), keeps every update, and goes on when a worker comes.
 TEST_F(ElasticTest, BelowMinWaitsVisiblyWithoutARollback) {

@@ -209,7 +209,7 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
 
   // The rules themselves only use exported series.
   const std::vector<std::string> rule_exprs = RuleExpressions(rules_yaml);
-  EXPECT_EQ(rule_exprs.size(), 7u);
+  EXPECT_EQ(rule_exprs.size(), 8u);
   for (const std::string& e : rule_exprs) CheckQuery(e, "rules.yml", with_up, recorded);
 
   EXPECT_EQ(Str(*dashboard, "uid"), "trainstep");
@@ -269,7 +269,8 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
         "training_job:trainstep_windows_skipped:ratio_rate5m",
         "trainstep_window_duration_seconds_bucket", "trainstep_world_size", "trainstep_generation",
         "trainstep_checkpoint_id", "trainstep_update_interval_seconds_bucket",
-        "trainstep_micro_step_id", "trainstep_dropped_samples_total"}) {
+        "trainstep_micro_step_id", "trainstep_dropped_samples_total", "trainstep_job_goodput_ratio",
+        "trainstep_job_lost_seconds", "trainstep_hangs_total"}) {
     EXPECT_TRUE(panels_of_metric.count(m)) << "no panel shows " << m;
   }
   auto some_expr = [&](const std::string& needle) {

@@ -234,7 +234,7 @@ TEST_F(PrometheusServerTest, ReportsWhatThePerUpdateLogSays) {
             (std::set<std::string>{"training_job:trainstep_optimizer_updates:rate5m",
                                    "training_job:trainstep_windows_skipped:ratio_rate5m",
                                    "TrainingStalled", "HighSkipRate", "TrainingStraggler",
-                                   "JournalUnwritable", "CoordinatorDown"}));
+                                   "RankHung", "JournalUnwritable", "CoordinatorDown"}));
   for (const char* record : {"training_job:trainstep_optimizer_updates:rate5m",
                              "training_job:trainstep_windows_skipped:ratio_rate5m"}) {
     EXPECT_TRUE(WaitFor([&] { return QueryOne(port_, absl::StrCat(record, sel)).has_value(); },

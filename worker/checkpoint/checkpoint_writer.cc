@@ -27,6 +27,10 @@ absl::Status CheckpointWriter::Submit(const ckpt::CheckpointMeta& meta,
   thread_ = std::thread([this, meta] {
     absl::StatusOr<std::string> path = ckpt::WriteCheckpoint(
         dir_, meta, model_->Wait(), optimizer_->Wait(), keep_last_, env_, options_);
+    if (!path.ok() && on_failed_) {
+      on_failed_(meta, path.status());
+      return;
+    }
     status_ = path.ok() ? on_written_(meta, *path) : path.status();
   });
   return absl::OkStatus();

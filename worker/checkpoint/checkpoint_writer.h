@@ -3,7 +3,8 @@
 // background thread waits for the copy, writes ckpt-<id> (checkpoint_dir.h: temp dir, fsync,
 // rename) and then runs `on_written` (the AckCheckpoint RPC: durable only from then on).
 // One checkpoint is in flight at a time; a failed write is returned by the next Submit or
-// Flush. Submit, BeforeParametersChange and Flush are called from one thread.
+// Flush, or, with an OnFailed, given to it (and training goes on). Submit,
+// BeforeParametersChange and Flush are called from one thread.
 #ifndef TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_WRITER_H_
 #define TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_WRITER_H_
 
@@ -22,6 +23,11 @@ class CheckpointWriter {
  public:
   using OnWritten =
       std::function<absl::Status(const ckpt::CheckpointMeta& meta, const std::string& path)>;
+  // A write that failed (the disk full or failing): nothing of it is visible, the previous
+  // checkpoint stays. Called on the writing thread; Flush returns after it.
+  using OnFailed = std::function<void(const ckpt::CheckpointMeta& meta, const absl::Status& why)>;
+  // Before the first Submit: failed writes go to `on_failed` instead of failing what follows.
+  void set_on_failed(OnFailed on_failed) { on_failed_ = std::move(on_failed); }
 
   // `extra_files` go into every checkpoint beside the tensors (Model::CheckpointFiles).
   CheckpointWriter(std::string dir, int keep_last, ckpt::ExtraFiles extra_files,
@@ -43,6 +49,7 @@ class CheckpointWriter {
   const int keep_last_;
   ckpt::WriteOptions options_;
   const OnWritten on_written_;
+  OnFailed on_failed_;
   Env* const env_;
   // In flight: the copies and the thread writing them; status_ is written by that thread
   // before it ends and read only after joining it.

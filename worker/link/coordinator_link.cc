@@ -92,6 +92,11 @@ v1::HeartbeatRequest CoordinatorLink::NextHeartbeat() const {
   req.set_job_id(job_id_);
   req.set_applied_update_id(applied_update_);
   if (const int64_t idle = idle_after_; idle >= 0) req.set_idle_after_generation(idle);
+  if (options_.compute_phase != nullptr) {
+    const ComputePhase::Reading now = options_.compute_phase->Read();
+    req.set_phase(now.phase);
+    req.set_phase_ms(absl::ToInt64Milliseconds(now.in_phase));
+  }
   absl::MutexLock lock(&mu_);
   req.set_worker_id(worker_id_);
   if (dataset_.samples() > 0 && !snapshot_.dataset_accepted) *req.mutable_dataset() = dataset_;
@@ -186,6 +191,11 @@ void CoordinatorLink::Publish(const absl::StatusOr<v1::HeartbeatResponse>& answe
     s.job_message = r.job_message();
     s.job_over = s.job_over || IsTerminal(r.job_state());
     s.dataset_accepted = r.dataset_accepted();
+    // Heartbeat answers carry them; pushed places do not (they would push every window).
+    if (r.hang_deadline_ms() > 0 && options_.compute_phase != nullptr) {
+      options_.compute_phase->SetDeadlines(absl::Milliseconds(r.hang_deadline_ms()),
+                                           absl::Milliseconds(r.hang_cap_ms()));
+    }
     if (!r.drained().empty()) s.drained = r.drained();
     if (!r.coordinator_id().empty()) s.coordinator_id = r.coordinator_id();
     s.current_generation = r.assigned() ? r.assignment().generation() : -1;

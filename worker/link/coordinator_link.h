@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "trainstep/v1/worker_service.pb.h"
+#include "worker/link/compute_phase.h"
 #include "worker/link/worker_client.h"
 
 namespace trainstep {
@@ -70,6 +71,9 @@ struct LinkOptions {
   // The pace after a failed heartbeat, and the longest pause before opening Attach again: a
   // restarted coordinator hears from this worker within a fraction of a second.
   absl::Duration retry_every = absl::Milliseconds(100);
+  // Where the compute thread is, reported with every heartbeat (and told the coordinator's
+  // hang deadlines); null: not reported.
+  ComputePhase* compute_phase = nullptr;
 };
 
 class CoordinatorLink {

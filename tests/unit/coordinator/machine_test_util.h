@@ -200,6 +200,22 @@ class SimulatedRanks {
     return resp;
   }
 
+  // A heartbeat saying its compute thread has been in `phase` for `in_phase`.
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatInPhase(const std::string& worker_id,
+                                                         v1::ComputePhase phase,
+                                                         absl::Duration in_phase) {
+    v1::HeartbeatRequest req;
+    req.set_job_id(job_id_);
+    req.set_worker_id(worker_id);
+    *req.mutable_dataset() = dataset();
+    req.set_applied_update_id(progress().optimizer_update_id());
+    req.set_phase(phase);
+    req.set_phase_ms(absl::ToInt64Milliseconds(in_phase));
+    absl::StatusOr<v1::HeartbeatResponse> resp = machine().Heartbeat(req, now_);
+    Drain();
+    return resp;
+  }
+
   // Generations formed by the records since `from` (an index into records()).
   std::vector<v1::GenerationFormed> FormedSince(size_t from) const {
     std::vector<v1::GenerationFormed> out;
@@ -396,13 +412,16 @@ class SimulatedRanks {
     return a;
   }
 
-  absl::Status Ack(int64_t checkpoint_id, int64_t update_id, std::string worker = "") {
+  // `error`: rank 0 reports it could not write the checkpoint.
+  absl::Status Ack(int64_t checkpoint_id, int64_t update_id, std::string worker = "",
+                   std::string error = "") {
     v1::AckCheckpointRequest req;
     req.set_job_id(job_id_);
     req.set_worker_id(worker.empty() ? Ranks().at(0) : worker);
     req.set_checkpoint_id(checkpoint_id);
     req.set_optimizer_update_id(update_id);
-    req.set_path(absl::StrCat("/ckpt/ckpt-", checkpoint_id));
+    if (error.empty()) req.set_path(absl::StrCat("/ckpt/ckpt-", checkpoint_id));
+    req.set_error(error);
     absl::Status s = machine().AckCheckpoint(req, now_);
     Drain();
     return s;

@@ -60,7 +60,8 @@ constexpr char kFull[] = R"({
   "workers": {"count": 1024, "min": 3, "join_grace": "1.500s"},
   "stragglers": {"score_windows": 7, "replace_below": 0.5, "replace_after_windows": 3},
   "validate": {"rerun_on": [], "spike_sigma": 4, "spike_window": 20,
-               "max_suspect": 3, "skip_spikes": true}
+               "max_suspect": 3, "skip_spikes": true},
+  "hang": {"floor": "2s", "cap": "90s", "factor": 20}
 })";
 
 // The smallest specs of the other model/data pairs.
@@ -860,6 +861,16 @@ std::vector<RuleCase> RuleCases() {
        "workers.join_grace must be between 0s and 86400s, got -1s"},
       {"JoinGraceTooLong", Text(R"("workers":{"count":2,"join_grace":"86401s"})"),
        "workers.join_grace must be between 0s and 86400s, got 86401s"},
+      // Hang detection: a floor a busy host would trip, a cap below it, a factor that fences
+      // a rank for being as slow as its own last window.
+      {"HangFloorUnderASecond", Text(R"("hang":{"floor":"0.5s"})"),
+       "hang.floor must be at least 1s, got 500ms"},
+      {"HangCapBelowFloor", Text(R"("hang":{"floor":"20s","cap":"10s"})"),
+       "hang.cap (10s) must not be below hang.floor (20s)"},
+      {"HangCapOverADay", Text(R"("hang":{"cap":"90000s"})"),
+       "hang.cap must be between 0s and 86400s, got 90000s"},
+      {"HangFactorBelowOne", Text(R"("hang":{"factor":0.5})"),
+       "hang.factor must be in [1, 1000], got 0.5"},
 
       // Two mistakes: the one earlier in spec.proto is reported, always.
       {"FirstErrorInProtoOrder", Text(R"("workers":{"count":0},"batch":{"accumulation_steps":0})"),
@@ -937,7 +948,7 @@ std::vector<RuleCase> ParseErrorCases() {
       {"UnknownTopLevelField", R"({"micro_batch_size":4})",
        "micro_batch_size: unknown field; the spec accepts: name, seed, model, data, batch, "
        "precision, loss, optimizer, schedule, clip, loss_scaler, stop, checkpoint, workers, "
-       "eval, stragglers, validate"},
+       "eval, stragglers, validate, hang"},
       // The test hook that left the spec (field 15, reserved): where it went, not a field list.
       {"RemovedDebugSection", R"({"debug":{"nonfinite_grad_windows":[3]}})",
        "debug: no longer a spec field; faults are injected by the testing worker's flags "

@@ -257,6 +257,30 @@ TEST(StepMachineTest, AckCheckpoint) {
   EXPECT_EQ(CodeOf(off.Ack(0, 0)), absl::StatusCode::kFailedPrecondition);
 }
 
+// Catches a checkpoint rank 0 could not write (a full disk) taken as durable (a rollback would
+// look for files that are not there), failing the job, or going unseen; and its later retry
+// refused. The job ends once the final checkpoint is written after all.
+TEST(StepMachineTest, AFailedCheckpointIsCountedNotDurableAndItsRetryCounts) {
+  SimulatedRanks sim(ResolvedSpec([] {
+    SpecOptions o = WithCheckpoints(100);
+    o.max_updates = 1;
+    return o;
+  }()));
+  sim.Start(2);
+  const v1::WindowDecision last = sim.RunWindow();
+  ASSERT_TRUE(last.job_done() && last.write_checkpoint());
+  const size_t before = sim.records().size();
+  ASSERT_TRUE(sim.Ack(1, 1, "", "write /ckpt/.ckpt-1.tmp/model.safetensors: No space left").ok());
+  EXPECT_EQ(sim.records().size(), before);  // nothing journaled
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), -1);
+  EXPECT_EQ(sim.progress().checkpoint_failures(), 1);
+  EXPECT_NE(sim.progress().last_checkpoint_failure().find("No space left"), std::string::npos);
+  EXPECT_EQ(sim.state(), v1::RUNNING);  // its end waits for the final checkpoint
+  ASSERT_TRUE(sim.Ack(1, 1).ok());      // written again
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), 1);
+  EXPECT_EQ(sim.state(), v1::SUCCEEDED);
+}
+
 // Catches: a job that ends before its final checkpoint is durable, or never ends.
 TEST(StepMachineTest, MaxUpdatesEndsAfterFinalCheckpointAck) {
   SimulatedRanks sim(ResolvedSpec([] {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/unit/coordinator/disk_full_env.h"
 
 namespace trainstep {
 namespace {
@@ -93,6 +94,33 @@ TEST_F(CheckpointWriterTest, AFailedWriteIsReturnedOnceAndStopsTheNext) {
   EXPECT_TRUE(acked_.empty());
   EXPECT_TRUE(writer.Flush().ok()) << "checkpoint 2 was refused, not written";
   EXPECT_FALSE(fs::exists(file + "/ckpt-2"));
+}
+
+// Catches a full disk failing the job: with an OnFailed, the checkpoint that could not be
+// written is reported, nothing of it is visible, the previous one stays, and the next one is
+// written once there is room again.
+TEST_F(CheckpointWriterTest, WithOnFailedAFullDiskSkipsTheCheckpointAndTheNextIsWritten) {
+  DiskFullEnv disk(Env::Default());
+  CheckpointWriter writer(dir_, 0, {}, Recorder(), &disk);
+  std::vector<int64_t> failed;
+  writer.set_on_failed([&failed](const ckpt::CheckpointMeta& meta, const absl::Status& why) {
+    EXPECT_NE(why.message().find("No space left on device"), std::string::npos) << why;
+    failed.push_back(meta.checkpoint_id);
+  });
+  const HostCopy::Tensors model = {{"w", torch::ones({2})}};
+  ASSERT_TRUE(writer.Submit(Meta(1), model, {}).ok());
+  ASSERT_TRUE(writer.Flush().ok());
+  disk.SetFull(true);
+  ASSERT_TRUE(writer.Submit(Meta(2), model, {}).ok());
+  EXPECT_TRUE(writer.Flush().ok());
+  EXPECT_EQ(failed, (std::vector<int64_t>{2}));
+  disk.SetFull(false);
+  ASSERT_TRUE(writer.Submit(Meta(3), model, {}).ok());
+  EXPECT_TRUE(writer.Flush().ok());
+  EXPECT_EQ(acked_, (std::vector<int64_t>{1, 3}));
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt-1"));
+  EXPECT_FALSE(fs::exists(dir_ + "/ckpt-2"));
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt-3"));
 }
 
 // Catches: an acknowledgement that fails (coordinator unreachable) treated as success.
