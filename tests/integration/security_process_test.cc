@@ -1,6 +1,5 @@
 // TLS, mTLS, roles and the health port through real processes: the coordinator binary, the
 // `trainstep` CLI binary, worker binaries, with certificates from scripts/dev-certs.sh.
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -13,11 +12,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/tls.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/grpc_health_util.h"
 #include "tests/integration/process_cluster.h"
 #include "tests/observability/observability_util.h"
 #include "worker/link/worker_client.h"
@@ -32,6 +31,10 @@ using testing::ProcessCluster;
 using testing::ReadFile;
 using testing::RunToExit;
 using testing::TempDir;
+using testing_util::HealthCheck;
+using testing_util::kHealthCheckMethod;
+using testing_util::kServing;
+using testing_util::RawCall;
 
 constexpr char kAdminToken[] = "tok-admin-0123456789";
 constexpr char kAliceToken[] = "tok-alice-0123456789";
@@ -51,38 +54,6 @@ void WriteFile(const std::string& path, const std::string& text) {
   std::filesystem::rename(path + ".tmp", path);  // as a Secret volume swaps its files
 }
 
-// A grpc.health.v1 Check or any unary call with raw bytes: no generated stubs needed.
-grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
-                     const std::string& request, std::string* response = nullptr,
-                     std::string* server_pem = nullptr) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice slice(request);
-  grpc::ByteBuffer req(&slice, 1), resp;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &req, &resp, [&](grpc::Status s) {
-    status = s;
-    done.Notify();
-  });
-  done.WaitForNotification();
-  if (status.ok() && response != nullptr) {
-    std::vector<grpc::Slice> slices;
-    (void)resp.Dump(&slices);
-    response->clear();
-    for (const grpc::Slice& s : slices) response->append(s.begin(), s.end());
-  }
-  if (server_pem != nullptr && ctx.auth_context() != nullptr) {
-    for (const grpc::string_ref& v : ctx.auth_context()->FindPropertyValues("x509_pem_cert")) {
-      *server_pem = std::string(v.data(), v.size());
-    }
-  }
-  return status;
-}
-
-constexpr char kHealthCheck[] = "/grpc.health.v1.Health/Check";
-constexpr char kServing[] = "\x08\x01";  // HealthCheckResponse{status: SERVING}
 constexpr char kReflection[] = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 constexpr char kListServices[] = "\x3a\x00";  // ServerReflectionRequest{list_services: ""}
 
@@ -428,9 +399,9 @@ TEST_F(SecurityProcessTest, RotatedCertificatesAndTokensArePickedUpWithoutAResta
   ASSERT_NE(c, nullptr);
   const pid_t pid = c->coordinator_pid();
   std::string before;
-  ASSERT_TRUE(
-      RawCall(FreshChannel(c->address(), Client("client")), kHealthCheck, "", nullptr, &before)
-          .ok());
+  ASSERT_TRUE(RawCall(FreshChannel(c->address(), Client("client")), kHealthCheckMethod, "", nullptr,
+                      &before)
+                  .ok());
   EXPECT_EQ(before, ReadFile(certs_ + "/coordinator.crt"));
   ASSERT_EQ(DevCerts(certs_), 0);  // new leaf certificates from the same CA
   const std::string rotated = ReadFile(certs_ + "/coordinator.crt");
@@ -441,7 +412,8 @@ TEST_F(SecurityProcessTest, RotatedCertificatesAndTokensArePickedUpWithoutAResta
     Nap(absl::Milliseconds(200));
     seen.clear();
     // The client's own certificate rotated too: its new one is accepted.
-    (void)RawCall(FreshChannel(c->address(), Client("client")), kHealthCheck, "", nullptr, &seen);
+    (void)RawCall(FreshChannel(c->address(), Client("client")), kHealthCheckMethod, "", nullptr,
+                  &seen);
   }
   EXPECT_EQ(seen, rotated) << "the coordinator still presents its old certificate";
   EXPECT_EQ(c->coordinator_pid(), pid);
@@ -469,9 +441,7 @@ TEST_F(SecurityProcessTest, TheHealthPortServesHealthAloneAndTheSecuredPortNothi
   ASSERT_NE(c, nullptr);
   ASSERT_NE(c->health_port(), 0);
   const std::string health = absl::StrCat("127.0.0.1:", c->health_port());
-  std::string answer;
-  ASSERT_TRUE(RawCall(FreshChannel(health, {}), kHealthCheck, "", &answer).ok());
-  EXPECT_EQ(answer, std::string(kServing, 2));
+  ASSERT_EQ(HealthCheck(FreshChannel(health, {})), kServing);
   EXPECT_EQ(RawCall(FreshChannel(health, {}), "/trainstep.v1.JobService/ListJobs", "").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(
@@ -479,8 +449,7 @@ TEST_F(SecurityProcessTest, TheHealthPortServesHealthAloneAndTheSecuredPortNothi
       grpc::StatusCode::UNIMPLEMENTED);
 
   const ChannelSecurity anonymous = Client("");
-  ASSERT_TRUE(RawCall(FreshChannel(c->address(), anonymous), kHealthCheck, "", &answer).ok());
-  EXPECT_EQ(answer, std::string(kServing, 2));
+  ASSERT_EQ(HealthCheck(FreshChannel(c->address(), anonymous)), kServing);
   EXPECT_EQ(
       RawCall(FreshChannel(c->address(), anonymous), kReflection, std::string(kListServices, 2))
           .error_code(),

@@ -1,19 +1,16 @@
 #include "coordinator/job_service.h"
 
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/env.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/server.h"
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/machine_test_util.h"
+#include "tests/unit/coordinator/server_fixture.h"
 #include "tests/unit/coordinator/sync_gate.h"
 #include "trainstep/v1/job_service.grpc.pb.h"
 
@@ -24,38 +21,15 @@ bool IsLog(const std::string& path) {
   return absl::string_view(std::filesystem::path(path).filename().string()).substr(0, 4) == "log-";
 }
 
-class JobServiceTest : public ::testing::Test {
+class JobServiceTest : public testing_util::CoordinatorServerTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           absl::StrCat("trainstep-job-service-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    CoordinatorOptions options;
-    options.state_dir = (dir_ / "state").string();
-    options.env = &gate_;
-    absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Open(options);
-    ASSERT_TRUE(c.ok()) << c.status();
-    coordinator_ = std::move(*c);
-    absl::StatusOr<std::unique_ptr<CoordinatorServer>> s =
-        CoordinatorServer::Start(coordinator_.get(), "127.0.0.1:0");
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = std::move(*s);
-    stub_ = v1::JobService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                                        grpc::InsecureChannelCredentials()));
-  }
+  JobServiceTest() { env_ = &gate_; }
   void TearDown() override {
     gate_.Release();  // nothing may stay held while the coordinator shuts down
-    server_.reset();
-    coordinator_.reset();
-    std::filesystem::remove_all(dir_);
+    CoordinatorServerTest::TearDown();
   }
 
-  std::filesystem::path dir_;
-  SyncGate gate_{Env::Default(), &IsLog};  // outlives coordinator_
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<CoordinatorServer> server_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
+  SyncGate gate_{Env::Default(), &IsLog};  // outlives coordinator_ (TearDown ends it)
 };
 
 // Catches: a watch whose next batch was decided while the client was still there but

@@ -32,6 +32,13 @@ std::vector<v1::EvalEnded> EvalRecords(const std::vector<v1::JournalRecord>& rec
   return out;
 }
 
+// A job that stops after `updates` updates, checkpointed only at its end (every 100 updates).
+SpecOptions MaxUpdatesWithCheckpoints(int64_t updates) {
+  SpecOptions o = WithCheckpoints(100);
+  o.max_updates = updates;
+  return o;
+}
+
 // Catches: an eval loss that is a mean of the ranks' means (2.0 here) instead of Σ loss ÷ Σ
 // tokens (1.0), an evaluation asked for off its interval, a next window that starts before the
 // evaluation is recorded, and a result that never reaches the update's record and the progress.
@@ -261,11 +268,7 @@ TEST(StepMachineTest, AckCheckpoint) {
 // look for files that are not there), failing the job, or going unseen; and its later retry
 // refused. The job ends once the final checkpoint is written after all.
 TEST(StepMachineTest, AFailedCheckpointIsCountedNotDurableAndItsRetryCounts) {
-  SimulatedRanks sim(ResolvedSpec([] {
-    SpecOptions o = WithCheckpoints(100);
-    o.max_updates = 1;
-    return o;
-  }()));
+  SimulatedRanks sim(ResolvedSpec(MaxUpdatesWithCheckpoints(1)));
   sim.Start(2);
   const v1::WindowDecision last = sim.RunWindow();
   ASSERT_TRUE(last.job_done() && last.write_checkpoint());
@@ -283,11 +286,7 @@ TEST(StepMachineTest, AFailedCheckpointIsCountedNotDurableAndItsRetryCounts) {
 
 // Catches: a job that ends before its final checkpoint is durable, or never ends.
 TEST(StepMachineTest, MaxUpdatesEndsAfterFinalCheckpointAck) {
-  SimulatedRanks sim(ResolvedSpec([] {
-    SpecOptions o = WithCheckpoints(100);
-    o.max_updates = 2;
-    return o;
-  }()));
+  SimulatedRanks sim(ResolvedSpec(MaxUpdatesWithCheckpoints(2)));
   sim.Start(2);
   EXPECT_FALSE(sim.RunWindow().job_done());
   const v1::WindowDecision last = sim.RunWindow();
@@ -390,9 +389,7 @@ TEST(StepMachineTest, NoExtraFinalCheckpointWhenLastCommitWasCheckpointed) {
 // Catches: the final checkpoint forgotten when its writer (rank 0) dies before acking it:
 // the next generation's rank 0 must write it, and the job ends only after that ack.
 TEST(StepMachineTest, FinalCheckpointReassignedWhenWriterDies) {
-  SpecOptions o = WithCheckpoints(100);
-  o.max_updates = 1;
-  SimulatedRanks sim(ResolvedSpec(o));
+  SimulatedRanks sim(ResolvedSpec(MaxUpdatesWithCheckpoints(1)));
   const std::vector<std::string> g1 = sim.Start(2);
   const v1::WindowDecision last = sim.RunWindow();
   ASSERT_TRUE(last.write_checkpoint());
