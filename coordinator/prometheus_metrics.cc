@@ -186,6 +186,11 @@ PrometheusMetrics::PrometheusMetrics()
                  .Help("Ranks fenced as hung (alive, stuck in a step of their own work while "
                        "their peers waited), by that step")
                  .Register(*registry_)),
+      checkpoints_damaged_(BuildCounter()
+                               .Name("trainstep_checkpoints_damaged_total")
+                               .Help("Checkpoints a rank found damaged when it loaded them (the "
+                                     "job rolled back past each)")
+                               .Register(*registry_)),
       journal_writable_(BuildGauge()
                             .Name("trainstep_journal_writable")
                             .Help("1 while the journal can be written; 0 while it cannot and "
@@ -280,6 +285,7 @@ void PrometheusMetrics::InitJobCounters(const std::string& job_id) {
     const auto phase = static_cast<v1::ComputePhase>(p);
     if (IsOwnWork(phase)) hangs_.Add({{"training_job", job_id}, {"phase", PhaseLabel(phase)}});
   }
+  checkpoints_damaged_.Add({{"training_job", job_id}});
 }
 
 void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job& job) {
@@ -289,6 +295,9 @@ void PrometheusMetrics::OnRecord(const v1::JournalRecord& record, const v1::Job&
       record.worker_lost().hung_phase() != v1::COMPUTE_PHASE_UNSPECIFIED) {
     hangs_.Add({{"training_job", id}, {"phase", PhaseLabel(record.worker_lost().hung_phase())}})
         .Increment();
+  }
+  if (record.has_generation_ended() && record.generation_ended().has_damaged_checkpoint_id()) {
+    checkpoints_damaged_.Add({{"training_job", id}}).Increment();
   }
   if (!record.has_window_ended()) return;
   const v1::UpdateRecord& r = record.window_ended().decision().record();

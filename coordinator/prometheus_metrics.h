@@ -81,6 +81,7 @@ class PrometheusMetrics : public CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& goodput_;
   prometheus::Family<prometheus::Gauge>& lost_seconds_;  // by cause
   prometheus::Family<prometheus::Counter>& hangs_;       // by phase (spec.hang)
+  prometheus::Family<prometheus::Counter>& checkpoints_damaged_;
   prometheus::Family<prometheus::Gauge>& journal_writable_;
   prometheus::Family<prometheus::Counter>& journal_failures_;
   prometheus::Family<prometheus::Histogram>& window_duration_;

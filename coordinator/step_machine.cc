@@ -59,6 +59,7 @@ absl::Status StepMachine::CheckRunnable() const {
 absl::Status StepMachine::ReportFailure(const v1::ReportFailureRequest& req, absl::Time now) {
   ASSIGN_OR_RETURN(const WorkerEntry* w, FindRegistered(req.worker_id()));
   if (terminal()) return absl::OkStatus();
+  if (req.has_damaged_checkpoint_id()) return CheckpointDamaged(req, now);
   FailJob(absl::StrCat("worker ", req.worker_id(), w->info.host().empty() ? "" : " on ",
                        w->info.host(), ": ", req.message()),
           now);

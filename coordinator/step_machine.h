@@ -287,10 +287,11 @@ class StepMachine {
   bool StandbyReady() const;
   static bool Takeable(const WorkerEntry& w);  // such a standby
   int64_t DetachedSurvivors() const;           // members whose stream dropped, lease not yet ended
-  // Hangs (hangs.cc): the slowest of the job's recent ended windows (none yet: nullopt), the
+  // Hangs (hangs.cc): the slowest of the job's recent ended windows (none yet: nullopt) found
+  // again when a window ends (slowest_recent_window_, read by every heartbeat answer), the
   // deadline of a short step of a rank's own work now, a heartbeat's phase noted, and a rank
   // stuck past its deadline while a peer waits for it fenced (lost) and the job re-formed.
-  std::optional<absl::Duration> SlowestRecentWindow() const;
+  void RefreshSlowestRecentWindow();
   absl::Duration ShortStepDeadlineNow() const;
   void NotePhase(const v1::HeartbeatRequest& req, absl::Time now);
   void MaybeFenceHung(absl::Time now);
@@ -311,7 +312,10 @@ class StepMachine {
   int64_t TotalWindows() const;  // 0 = unknown
   bool StopReachedAfter(int64_t window_id, int64_t update_id) const;
   bool CheckpointingEnabled() const { return !job_.spec().checkpoint().dir().empty(); }
+  // The latest durable checkpoint no rank found damaged.
   const v1::CheckpointRecord* LatestDurableCheckpoint() const;
+  // ReportFailure naming the checkpoint its generation loads as damaged: ends the generation.
+  absl::Status CheckpointDamaged(const v1::ReportFailureRequest& req, absl::Time now);
   std::optional<int64_t> PendingCheckpointFor(int64_t update_id) const;
 
   void ApplyWindowEnded(const v1::WindowEnded& ended);
@@ -356,6 +360,7 @@ class StepMachine {
   std::optional<v1::DroppedTail> last_dropped_tail_;
 
   std::vector<v1::UpdateRecord> updates_;
+  std::optional<absl::Duration> slowest_recent_window_;  // RefreshSlowestRecentWindow
   struct OutcomeCounts {  // derived from updates_, kept so Job() is O(1)
     int64_t committed = 0, skipped = 0, aborted = 0;
     int64_t reruns = 0, reruns_transient = 0;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -243,11 +244,26 @@ absl::Status Worker::PromiseReproducibleWindows() {
   return absl::OkStatus();
 }
 
+bool Worker::GoneFromOwnDir(const absl::Status& s) const {
+  if (!absl::IsNotFound(s)) return false;
+  absl::StatusOr<std::string> owner =
+      Env::Default()->ReadFile(absl::StrCat(spec_.checkpoint().dir(), "/", ckpt::kClaimFile));
+  return owner.ok() && absl::StripTrailingAsciiWhitespace(*owner) == job_id_;
+}
+
 absl::Status Worker::SyncState(const v1::Assignment& a) {
   switch (a.state_source()) {
     case v1::Assignment::CHECKPOINT: {
       absl::StatusOr<ckpt::LoadedCheckpoint> c =
           ckpt::ReadCheckpoint(spec_.checkpoint().dir(), a.checkpoint_id());
+      if (absl::IsDataLoss(c.status()) || GoneFromOwnDir(c.status())) {
+        // Damaged after it was written: not this worker's failure, nor the job's. The job
+        // rolls back past it, and this worker waits for that generation.
+        const absl::Status told = link_->ReportDamagedCheckpoint(a.checkpoint_id(), c.status());
+        return absl::AbortedError(
+            absl::StrCat("checkpoint ", a.checkpoint_id(), " is damaged",
+                         told.ok() ? "" : absl::StrCat("; the coordinator: ", told.message())));
+      }
       if (!c.ok()) return OwnFailure(c.status());
       RETURN_IF_ERROR(OwnFailure(replica_->Restore(c->model, c->optimizer)));
       LogInfo(absl::StrCat("restored checkpoint ", a.checkpoint_id(), " (update ",
@@ -328,6 +344,7 @@ absl::Status Worker::AckCheckpoint(const ckpt::CheckpointMeta& meta, const std::
   ack.set_optimizer_update_id(meta.optimizer_update_id);
   ack.set_path(path);
   RETURN_IF_ERROR(client_->AckCheckpoint(ack));
+  failed_checkpoint_.reset();  // a later checkpoint is durable: no earlier one is owed
   LogInfo(absl::StrCat("checkpoint ", meta.checkpoint_id, " (update ", meta.optimizer_update_id,
                        ") at ", path));
   return absl::OkStatus();

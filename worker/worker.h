@@ -83,6 +83,10 @@ class Worker {
   WorkerExit RunOrThrow();
   absl::Status Setup();
   absl::Status SyncState(const v1::Assignment& a);
+  // `s` is NOT_FOUND for a checkpoint of the directory this job claimed: deleted by hand or
+  // pruned by checkpoint.keep_last, as lost as a damaged one. Missing from a directory the job
+  // never claimed (a host without the shared file system) stays this worker's failure.
+  bool GoneFromOwnDir(const absl::Status& s) const;
   // Joins the generation's collective, syncs the replica, then runs its windows.
   absl::StatusOr<GenerationEnd> JoinAndRun(const v1::Assignment& a);
   absl::StatusOr<GenerationEnd> RunGeneration(const v1::Assignment& a);

@@ -13,9 +13,32 @@ namespace trainstep {
 
 const v1::CheckpointRecord* StepMachine::LatestDurableCheckpoint() const {
   for (auto it = checkpoints_.rbegin(); it != checkpoints_.rend(); ++it) {
-    if (it->second.durable()) return &it->second;
+    if (it->second.durable() && !it->second.damaged()) return &it->second;
   }
   return nullptr;
+}
+
+absl::Status StepMachine::CheckpointDamaged(const v1::ReportFailureRequest& req, absl::Time now) {
+  const int64_t id = req.damaged_checkpoint_id();
+  const v1::Assignment& a = membership_.current().assignment();
+  if (!membership_.generation_live() || membership_.RankOf(req.worker_id()) < 0 ||
+      a.state_source() != v1::Assignment::CHECKPOINT || a.checkpoint_id() != id) {
+    // Another rank's report ended the generation first, or the worker is behind: it rejoins,
+    // and a generation that loads the checkpoint again hears of it again.
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", id, " is not what a live generation of job ", job_id(),
+                     " with worker ", req.worker_id(), " as a rank loads"));
+  }
+  AbortInFlight(v1::WINDOW_REASON_WORKER_LOST, now);
+  v1::JournalRecord record;
+  v1::GenerationEnded* ended = record.mutable_generation_ended();
+  ended->set_job_id(job_id());
+  ended->set_generation(membership_.generation());
+  ended->set_reason(absl::StrCat("checkpoint ", id, " is damaged: ", req.message()));
+  ended->set_worker_id(req.worker_id());
+  ended->set_damaged_checkpoint_id(id);
+  Emit(std::move(record), now);
+  return absl::OkStatus();
 }
 
 std::optional<int64_t> StepMachine::PendingCheckpointFor(int64_t update_id) const {

@@ -18,20 +18,21 @@ constexpr size_t kHangWindows = 20;
 
 }  // namespace
 
-std::optional<absl::Duration> StepMachine::SlowestRecentWindow() const {
-  std::optional<absl::Duration> slowest;
+void StepMachine::RefreshSlowestRecentWindow() {
+  slowest_recent_window_.reset();
   size_t seen = 0;
   for (auto it = updates_.rbegin(); it != updates_.rend() && seen < kHangWindows; ++it) {
     if (OutcomeOf(*it) == v1::ABORT) continue;  // an aborted window may be the hang itself
     ++seen;
     const absl::Duration d = absl::Seconds(it->window_seconds());
-    if (!slowest.has_value() || d > *slowest) slowest = d;
+    if (!slowest_recent_window_.has_value() || d > *slowest_recent_window_) {
+      slowest_recent_window_ = d;
+    }
   }
-  return slowest;
 }
 
 absl::Duration StepMachine::ShortStepDeadlineNow() const {
-  return ShortStepDeadline(HangPolicyOf(job_.spec()), SlowestRecentWindow());
+  return ShortStepDeadline(HangPolicyOf(job_.spec()), slowest_recent_window_);
 }
 
 void StepMachine::NotePhase(const v1::HeartbeatRequest& req, absl::Time now) {

@@ -68,6 +68,7 @@ std::unique_ptr<StepMachine> StepMachine::Restore(const MachineOptions& options,
     m->counts_.Add(r);
     m->goodput_.Add(r);
   }
+  m->RefreshSlowestRecentWindow();
   m->last_eval_ = LatestEval(m->updates_, snap.job().job_id());
   if (snap.has_eval_due_update_id()) m->eval_due_ = snap.eval_due_update_id();
   m->membership_.Restore({snap.workers().begin(), snap.workers().end()}, snap.generation(),
@@ -148,12 +149,18 @@ void StepMachine::Apply(const v1::JournalRecord& record) {
     case v1::JournalRecord::kGenerationFormed:
       ApplyGenerationFormed(record.generation_formed(), record.time_ms());
       break;
-    case v1::JournalRecord::kGenerationEnded:
-      if (record.generation_ended().generation() == membership_.generation()) {
+    case v1::JournalRecord::kGenerationEnded: {
+      const v1::GenerationEnded& ended = record.generation_ended();
+      if (ended.generation() == membership_.generation()) {
         membership_.BreakGeneration();
         attempts_.clear();
       }
+      if (ended.has_damaged_checkpoint_id()) {
+        auto it = checkpoints_.find(ended.damaged_checkpoint_id());
+        if (it != checkpoints_.end()) it->second.set_damaged(true);
+      }
       break;
+    }
     case v1::JournalRecord::kWindowEnded:
       ApplyWindowEnded(record.window_ended());
       break;
@@ -294,6 +301,7 @@ void StepMachine::ApplyWindowEnded(const v1::WindowEnded& ended) {
   const v1::WindowDecision& d = ended.decision();
   const v1::UpdateRecord& r = d.record();
   updates_.push_back(r);
+  RefreshSlowestRecentWindow();
   counts_.Add(r);
   goodput_.Add(r);
   if (VerdictOf(r.rerun()) == v1::RERUN_VERDICT_TRANSIENT) {

@@ -10,10 +10,10 @@
 #include <random>
 #include <string>
 
+#include "common/xxh64.h"
 #include "core/spec.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokens.h"
-#include "worker/data/xxh64.h"
 
 namespace trainstep::data {
 namespace {

@@ -103,10 +103,12 @@ SKIP = 77
 
 KINDS = ("worker_kill", "coordinator_kill", "restart_gap_kill", "worker_stop", "checkpoint_kill",
          "journal_full", "fsync_fail", "worker_retire", "all_ranks_kill", "grad_flip", "partition",
-         "hang")
+         "hang", "coordinator_stop", "checkpoint_full", "checkpoint_corrupt")
 # The coordinator's own faults: counted from a new coordinator listening (a kill), or from the
-# heal (the journal's, which the same coordinator outlives).
-COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail")
+# heal (the journal's and a pause, which the same coordinator outlives).
+COORDINATOR_FAULTS = ("coordinator_kill", "journal_full", "fsync_fail", "coordinator_stop")
+# Kinds that put a tmpfs under a directory of the job (root).
+DEVICE_FAULTS = ("journal_full", "checkpoint_full")
 # Faults that cost one rank, which the registered spare replaces: each is injected only once
 # a spare is registered again (the campaign's precondition; its wait is reported).
 SPARE_FAULTS = ("worker_kill", "worker_retire", "restart_gap_kill", "checkpoint_kill",
@@ -123,12 +125,17 @@ SPARE_FAULTS = ("worker_kill", "worker_retire", "restart_gap_kill", "checkpoint_
 #   before it reached the new coordinator, nothing but the reconnect grace tells it from a live
 #   rank slow to reconnect (a live one takes 0.1-0.3 s): held to the grace + 1 s. The summary
 #   counts every kind's recoveries beyond 1 s as well.
+# * checkpoint_full costs no commit: training goes on while the write fails (1 s to the next
+#   commit after the fill); checkpoint_corrupt is all_ranks_kill with the checkpoint it rolls
+#   back to damaged, so two rollbacks: held to the lease as well.
 BOUNDS = {"worker_kill": (1.0, "commit_s"), "checkpoint_kill": (1.0, "commit_s"),
           "worker_retire": (1.0, "commit_s"), "coordinator_kill": (1.0, "commit_s"),
           "journal_full": (1.0, "commit_s"), "fsync_fail": (1.0, "commit_s"),
           "restart_gap_kill": ("grace + 1 s", "commit_s"), "all_ranks_kill": ("lease", "commit_s"),
           "worker_stop": ("lease", "assigned_s"), "partition": ("lease", "assigned_s"),
-          "grad_flip": (1.0, "commit_s"), "hang": (10.0, "commit_s")}
+          "grad_flip": (1.0, "commit_s"), "hang": (10.0, "commit_s"),
+          "coordinator_stop": (1.0, "commit_s"), "checkpoint_full": (1.0, "commit_s"),
+          "checkpoint_corrupt": ("lease", "commit_s")}
 # The coordinator's default --reconnect_grace_ms (this tool does not change it), in seconds.
 RECONNECT_GRACE_S = 3.0
 
@@ -196,7 +203,8 @@ def parse_args(argv):
     p.add_argument("--max-minutes", type=float,
                    help="stop starting jobs after this many minutes (the summary says so)")
     p.add_argument("--tmpfs-mb", type=int, default=16,
-                   help="size of the journal's tmpfs for journal_full (default 16)")
+                   help="size of the journal's tmpfs for journal_full, and of the checkpoints' "
+                        "for checkpoint_full (default 16)")
     p.add_argument("--keep", action="store_true", help="keep every job's checkpoints")
     p.add_argument("--nice", type=int, default=0, help="add this to the tool's niceness "
                    "(its processes inherit it)")
@@ -263,8 +271,9 @@ def kinds_available(args, out_dir):
     """(kinds that can run, {kind: why not}, fsync shim path)."""
     skipped = {}
     shim = None
-    if "journal_full" in args.kinds and os.geteuid() != 0:
-        skipped["journal_full"] = "needs root to mount the journal's tmpfs"
+    for kind in DEVICE_FAULTS:
+        if kind in args.kinds and os.geteuid() != 0:
+            skipped[kind] = "needs root to mount a tmpfs"
     if "fsync_fail" in args.kinds:
         shim, why = build_fsync_shim(out_dir)
         if why:
@@ -358,6 +367,13 @@ def make_spec(args, ckpt_dir, data_dir):
         spec["data"] = {"text": {"paths": [corpus], "seq_len": 32}, "shuffle": True}
         spec["optimizer"] = {"sgd": {"lr": 0.05, "momentum": 0.9}}
     return spec
+
+
+def spec_checkpoint_dir(cluster):
+    """The running job's checkpoint.dir (on the checkpoint device with checkpoint_full)."""
+    from chaos_cluster import checkpoint_dir
+    return checkpoint_dir(cluster.dir) if cluster.checkpoint_device else \
+        os.path.join(cluster.dir, "ckpt")
 
 
 def final_checkpoint(ckpt_dir, updates):
@@ -499,15 +515,18 @@ class Campaign:
         return self.summarize()
 
     def run_job(self, index, queue, total):
-        from chaos_cluster import Cluster
+        from chaos_cluster import Cluster, checkpoint_dir
         args = self.args
         job_dir = os.path.join(self.out, "jobs", f"{index:03d}")
-        ckpt_dir = os.path.join(job_dir, "ckpt")
-        os.makedirs(ckpt_dir, exist_ok=True)
+        on_device = "checkpoint_full" in self.kinds
+        # The judge reads the final checkpoint from job_dir/ckpt: a copy of the device's.
+        ckpt_dir = checkpoint_dir(job_dir) if on_device else os.path.join(job_dir, "ckpt")
+        os.makedirs(os.path.join(job_dir, "ckpt"), exist_ok=True)
         spec = make_spec(args, ckpt_dir, self.out)
-        tmpfs = args.tmpfs_mb if "journal_full" in self.kinds else 0
         cluster = Cluster(self.bin_dir, job_dir, lease_ms=args.lease_ms, topology=self.topology,
-                          state_tmpfs_mb=tmpfs, fsync_shim=self.shim,
+                          state_tmpfs_mb=args.tmpfs_mb if "journal_full" in self.kinds else 0,
+                          checkpoint_tmpfs_mb=args.tmpfs_mb if on_device else 0,
+                          fsync_shim=self.shim,
                           restart_delay_s=args.restart_delay, say=log,
                           flip_files="grad_flip" in self.kinds,
                           hold_files="hang" in self.kinds)
@@ -572,9 +591,11 @@ class Campaign:
             except Exception as e:  # noqa: BLE001
                 result["problems"].append(f"could not read the per-update log: {e}")
             result["progress"] = p
-            if cluster.mount:
-                from chaos_cluster import copy_tree
+            from chaos_cluster import copy_tree
+            if cluster.journal_device:
                 copy_tree(cluster.state_dir, os.path.join(job_dir, "state"))
+            if cluster.checkpoint_device:
+                copy_tree(ckpt_dir, os.path.join(job_dir, "ckpt"))
         except Exception as e:  # noqa: BLE001 - one broken job must not end the campaign
             import traceback
             traceback.print_exc()
@@ -599,7 +620,7 @@ class Campaign:
             f"{len(faults)} faults, {result['rollbacks']} rollbacks, weights rel diff "
             f"{result.get('max_rel_diff')}: {verdict}")
         if result["pass"] and not args.keep:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            shutil.rmtree(os.path.join(job_dir, "ckpt"), ignore_errors=True)
 
     @staticmethod
     def _wait(predicate, timeout, interval=0.1):
@@ -667,7 +688,9 @@ class Campaign:
                  "update_before": p0.get("optimizer_update_id", 0), "spare_wait_s": spare_wait}
         timeout = max(60.0, self.lease_s * 4 + 30)
         fault["wait_s"] = timeout
-        rank_fault = kind not in COORDINATOR_FAULTS + ("grad_flip",)
+        # A fault that costs a rank is past once a newer generation commits; the others (the
+        # coordinator's, a flip, a full checkpoint disk) once anything commits.
+        rank_fault = kind not in COORDINATOR_FAULTS + ("grad_flip", "checkpoint_full")
         if kind == "grad_flip":
             victim = self._victim(cluster)
             worker_id = cluster.worker_id(victim) if victim is not None else None
@@ -751,7 +774,7 @@ class Campaign:
             late = self.args.updates - 2 * self.args.checkpoint_every
             if p0.get("optimizer_update_id", 0) > late:
                 return None
-            sniper = CheckpointSniper(os.path.join(cluster.dir, "ckpt"))
+            sniper = CheckpointSniper(spec_checkpoint_dir(cluster))
             try:
                 shot = sniper.wait_and_kill(
                     lambda: {q.pid for q in cluster.worker_procs() if q.running()},
@@ -817,6 +840,60 @@ class Campaign:
                 cluster.heal_fsync()
             fault.update(inject=t, heal=heal, victim=c.name)
             fault["ref"] = self._serving_since(cluster, c if stopped else None, heal, fault)
+        elif kind == "coordinator_stop":
+            # A pause of the whole process (a VM frozen or migrated, a debugger, swapping),
+            # sometimes longer than the lease: the coordinator must not expire everyone when it
+            # runs again, and the workers must wait for it rather than give up.
+            hold = self.rng.uniform(1.0, self.lease_s + 3.0)
+            t, c = cluster.stop_coordinator()
+            if t is None:
+                return None
+            time.sleep(hold)
+            heal = c.signal(signal.SIGCONT)
+            fault.update(inject=t, heal=heal, hold=hold, victim=c.name)
+            fault["ref"] = self._serving_since(cluster, None, heal or time.time(), fault)
+        elif kind == "checkpoint_full":
+            def progress_field(field, default):
+                return (job_progress(cluster)[1] or {}).get(field, default)
+            failures = p0.get("checkpoint_failures", 0)
+            t = time.time()
+            fault["filler_bytes"] = cluster.checkpoint_device.fill()
+            # Training goes on; the next checkpoint's write fails and is reported.
+            reported = self._wait(lambda: progress_field("checkpoint_failures", 0) > failures,
+                                  timeout, interval=0.05)
+            fault["failure_reported"] = bool(reported)
+            if not reported:
+                fault["note"] = "no checkpoint failure was reported while the disk was full"
+            durable = progress_field("durable_checkpoint_id", -1)
+            time.sleep(self.rng.uniform(0.3, 1.5))
+            heal = time.time()
+            cluster.checkpoint_device.heal()
+            # A checkpoint written after the heal is durable again.
+            if self._wait(lambda: progress_field("durable_checkpoint_id", -1) > durable,
+                          timeout, interval=0.05):
+                fault["durable_after_heal_s"] = time.time() - heal
+            fault.update(inject=t, ref=t, heal=heal, victim="checkpoint device")
+        elif kind == "checkpoint_corrupt":
+            # Every rank dies with the checkpoint they must roll back to damaged on disk: the
+            # load finds it (meta.json's digests) and the job rolls back past it.
+            durable = p0.get("durable_checkpoint_id", -1)
+            active = cluster.workers_by_state().get("ACTIVE", [])
+            path = os.path.join(spec_checkpoint_dir(cluster), f"ckpt-{durable}",
+                                "model.safetensors")
+            if durable <= 0 or len(active) < self.args.workers or not os.path.exists(path):
+                return None
+            size = os.path.getsize(path)
+            offset = self.rng.randrange(size)
+            with open(path, "r+b") as fh:
+                fh.seek(offset)
+                byte = fh.read(1)
+                fh.seek(offset)
+                fh.write(bytes([byte[0] ^ 0x10]))
+            times = [t for t in (q.signal(signal.SIGKILL) for q in active) if t is not None]
+            if not times:
+                return None
+            fault.update(inject=min(times), ref=min(times), damaged_checkpoint_id=durable,
+                         offset=offset, victim="+".join(q.name for q in active))
         else:
             raise ValueError(kind)
         fault["observed_recovery"] = self._await_recovery(
@@ -849,8 +926,9 @@ class Campaign:
         if fault["kind"] == "checkpoint_kill":
             when = "mid-write" if fault.get("mid_write") else "after its write"
             extra = f" ckpt {fault.get('checkpoint_id')} {when}"
-        since = ("the coordinator listened"
-                 if fault["kind"] in COORDINATOR_FAULTS + ("restart_gap_kill",) else "injection")
+        since = ("the coordinator listened" if fault["kind"] in ("coordinator_kill",
+                                                                 "restart_gap_kill")
+                 else "the heal" if fault["kind"] in COORDINATOR_FAULTS else "injection")
         outcome = (f"committing again ~{seen - ref:.2f} s after {since}" if seen and ref
                    else "no commit seen after it")
         log(f"fault {fault['number']}/{total} {fault['kind']} {fault.get('victim') or ''}"
@@ -863,7 +941,7 @@ class Campaign:
         if result.get("state") != "SUCCEEDED":
             problems.append(f"job ended {result.get('state')} (expected SUCCEEDED)")
         # Weights.
-        path = final_checkpoint(spec["checkpoint"]["dir"], self.args.updates)
+        path = final_checkpoint(os.path.join(result["dir"], "ckpt"), self.args.updates)
         if path is None:
             problems.append(f"no checkpoint of update {self.args.updates}")
             result["max_rel_diff"] = None
@@ -884,9 +962,11 @@ class Campaign:
         # Generations and rollbacks, from every coordinator incarnation's log.
         per_incarnation = []
         detections = []
+        coordinator_lines = []
         for c in cluster.coordinators:
             with open(c.log_path, errors="replace") as f:
                 lines = f.read().splitlines()
+            coordinator_lines += lines
             per_incarnation.append(judge.generations_from_coordinator_log(lines, cluster.job_id))
             detections += judge.coordinator_detections(lines, cluster.job_id)
             listened = judge.listening_time(lines)
@@ -948,6 +1028,9 @@ class Campaign:
             if f.get("serving") in listened and listened[f["serving"]] is not None:
                 f["ref"] = max(listened[f["serving"]], f["since"])
         for f in faults:
+            problem = judge.storage_fault_problem(f, generations, coordinator_lines)
+            if problem:
+                problems.append(problem)
             if f["kind"] in ("journal_full", "fsync_fail") and f.get("coordinator_exit"):
                 problems.append(f"fault {f['number']} ({f['kind']}): the coordinator exited "
                                 f"(rc {f.get('coordinator_rc')}) instead of holding its "

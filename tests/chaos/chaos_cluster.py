@@ -119,8 +119,8 @@ class Cluster:
     """Coordinator + worker slots for one job. Not reusable: start(), run, close()."""
 
     def __init__(self, bin_dir, work_dir, *, lease_ms=None, topology=None, state_tmpfs_mb=0,
-                 fsync_shim=None, worker_threads=1, restart_delay_s=0.5, say=print,
-                 flip_files=False, hold_files=False):
+                 checkpoint_tmpfs_mb=0, fsync_shim=None, worker_threads=1, restart_delay_s=0.5,
+                 say=print, flip_files=False, hold_files=False):
         self.bin_dir = bin_dir
         self.dir = work_dir
         os.makedirs(os.path.join(work_dir, "logs"), exist_ok=True)
@@ -145,14 +145,19 @@ class Cluster:
         self.job_id = None
         self.fsync_shim = fsync_shim
         self.fsync_trigger = os.path.join(work_dir, "fsync-fail.on")
-        self.mount = None
+        self.journal_device = None
         if state_tmpfs_mb:
-            self.mount = os.path.join(work_dir, "journal-device")
-            self.state_dir = os.path.join(self.mount, "state")
-            self._filler = os.path.join(self.mount, "filler")
-            self.state_tmpfs_mb = state_tmpfs_mb
+            self.journal_device = TmpfsDevice(os.path.join(work_dir, "journal-device"),
+                                              state_tmpfs_mb)
+            self.state_dir = os.path.join(self.journal_device.path, "state")
         else:
             self.state_dir = os.path.join(work_dir, "state")
+        # checkpoint_full: the job's checkpoint.dir is `checkpoint_dir(work_dir)`, on its own
+        # tmpfs.
+        self.checkpoint_device = None
+        if checkpoint_tmpfs_mb:
+            self.checkpoint_device = TmpfsDevice(os.path.dirname(checkpoint_dir(work_dir)),
+                                                 checkpoint_tmpfs_mb)
         if topology is not None:
             host = topology.address("coordinator")
         else:
@@ -166,13 +171,14 @@ class Cluster:
     # Life cycle
 
     def start(self, timeout=60):
-        """Mounts the journal's tmpfs (if asked), starts the coordinator and waits until it
-        serves. Raises RuntimeError when it does not."""
-        if self.mount:
-            os.makedirs(self.mount, exist_ok=True)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.state_tmpfs_mb}m",
-                            f"trainstep-chaos-{os.getpid()}", self.mount], check=True)
+        """Mounts the journal's and the checkpoints' tmpfs (if asked), starts the coordinator
+        and waits until it serves. Raises RuntimeError when it does not."""
+        if self.journal_device:
+            self.journal_device.mount()
             os.makedirs(self.state_dir, exist_ok=True)
+        if self.checkpoint_device:
+            self.checkpoint_device.mount()
+            os.makedirs(checkpoint_dir(self.dir), exist_ok=True)
         self._coordinator_thread = threading.Thread(target=self._coordinator_loop,
                                                     name="coordinator", daemon=True)
         self._coordinator_thread.start()
@@ -209,8 +215,9 @@ class Cluster:
         running, SIGTERMs the coordinator (SIGKILL after 5 s), unmounts the tmpfs."""
         self.stopping.set()
         self.heal_fsync()
-        if self.mount:
-            self.heal_journal_device()
+        for device in (self.journal_device, self.checkpoint_device):
+            if device:
+                device.heal()
         for slot in self.slots:
             p = slot.current()
             if p and p.running():
@@ -221,6 +228,8 @@ class Cluster:
                 p.signal(signal.SIGKILL)
         c = self.coordinators[-1] if self.coordinators else None
         if c and c.running():
+            if c.stopped and c.stopped[-1][1] is None:
+                c.signal(signal.SIGCONT)
             c.signal(signal.SIGTERM)
             try:
                 c.popen.wait(timeout=5)
@@ -232,12 +241,10 @@ class Cluster:
                 t.join(timeout=10)
         if self._client is not None:
             self._client.close()
-        if self.mount and os.path.ismount(self.mount):
-            # The judge copied what it needs; the journal goes with the mount.
-            for _ in range(50):
-                if subprocess.run(["umount", self.mount], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.1)
+        # The judge copied what it needs; the journal and the checkpoints go with the mounts.
+        for device in (self.journal_device, self.checkpoint_device):
+            if device:
+                device.unmount()
 
     # ------------------------------------------------------------------------------------
     # Supervision
@@ -426,31 +433,16 @@ class Cluster:
         return wait_until(found, timeout, interval=0.02)
 
     def fill_journal_device(self):
-        """Fills the journal's tmpfs with a filler file until ENOSPC; returns bytes written."""
-        written = 0
-        fd = os.open(self._filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            for chunk in (1 << 20, 1 << 12, 1):
-                block = b"\0" * chunk
-                while True:
-                    try:
-                        n = os.write(fd, block)
-                    except OSError as e:
-                        if e.errno == errno.ENOSPC:
-                            break
-                        raise
-                    written += n
-                    if n < chunk:
-                        break
-        finally:
-            os.close(fd)
-        return written
+        """Fills the journal's tmpfs until ENOSPC; returns the bytes written."""
+        return self.journal_device.fill()
 
     def heal_journal_device(self):
-        try:
-            os.unlink(self._filler)
-        except FileNotFoundError:
-            pass
+        self.journal_device.heal()
+
+    def stop_coordinator(self):
+        """SIGSTOP of the coordinator. Returns (the time, the stopped Proc)."""
+        c = self.coordinator()
+        return (c.signal(signal.SIGSTOP) if c else None), c
 
     def fail_fsync(self):
         with open(self.fsync_trigger, "w") as f:
@@ -474,6 +466,63 @@ class Cluster:
         if proc.partitioned and proc.partitioned[-1][1] is None:
             proc.partitioned[-1][1] = t
         return t
+
+
+def checkpoint_dir(work_dir):
+    """The job's checkpoint.dir when its checkpoints are on their own tmpfs (Cluster's
+    checkpoint_tmpfs_mb)."""
+    return os.path.join(work_dir, "checkpoint-device", "checkpoints")
+
+
+class TmpfsDevice:
+    """A small tmpfs the tool mounts (root) at `path`, so that a test can take its free
+    space away (a filler file written until ENOSPC) and give it back."""
+
+    def __init__(self, path, size_mb):
+        self.path = path
+        self.size_mb = size_mb
+        self._filler = os.path.join(path, "filler")
+
+    def mount(self):
+        os.makedirs(self.path, exist_ok=True)
+        # The pid in the name lets a later run unmount what a killed one left (chaos.py).
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m",
+                        f"trainstep-chaos-{os.getpid()}", self.path], check=True)
+
+    def fill(self):
+        """Writes the filler until ENOSPC; returns the bytes written."""
+        written = 0
+        fd = os.open(self._filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (1 << 20, 1 << 12, 1):
+                block = b"\0" * chunk
+                while True:
+                    try:
+                        n = os.write(fd, block)
+                    except OSError as e:
+                        if e.errno == errno.ENOSPC:
+                            break
+                        raise
+                    written += n
+                    if n < chunk:
+                        break
+        finally:
+            os.close(fd)
+        return written
+
+    def heal(self):
+        try:
+            os.unlink(self._filler)
+        except FileNotFoundError:
+            pass
+
+    def unmount(self):
+        if not os.path.ismount(self.path):
+            return
+        for _ in range(50):
+            if subprocess.run(["umount", self.path], capture_output=True).returncode == 0:
+                return
+            time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------

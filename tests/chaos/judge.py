@@ -22,8 +22,9 @@ _DTYPES = {
 
 # Fault kinds whose recovery needs a new generation (a rank is gone); the others (the
 # coordinator's) need only a commit after the restarted coordinator listens.
+PAUSE_FAULTS = ("coordinator_stop",)
 RANK_FAULTS = ("worker_kill", "worker_stop", "checkpoint_kill", "worker_retire", "partition",
-               "restart_gap_kill", "all_ranks_kill")
+               "restart_gap_kill", "all_ranks_kill", "checkpoint_corrupt")
 
 
 def read_safetensors(path):
@@ -411,15 +412,45 @@ def flip_attribution(fault, records):
     return None
 
 
+def storage_fault_problem(fault, generations, coordinator_lines):
+    """What a checkpoint fault got wrong (a sentence), or None; notes what it did not test.
+    checkpoint_full: a failed write must have been counted while the disk was full.
+    checkpoint_corrupt: a generation that rolled back to the damaged checkpoint must have had
+    the damage reported ("checkpoint C is damaged" in the coordinator's log); sets
+    fault["damage_detected"], and a note when a later checkpoint became durable before the
+    kill, so the damaged one was never loaded."""
+    if fault["kind"] == "checkpoint_full" and not fault.get("failure_reported"):
+        return (f"fault {fault['number']} (checkpoint_full): no failed checkpoint write was "
+                "reported while the disk was full")
+    if fault["kind"] != "checkpoint_corrupt":
+        return None
+    damaged = fault["damaged_checkpoint_id"]
+    fault["damage_detected"] = any(f"checkpoint {damaged} is damaged" in line
+                                   for line in coordinator_lines)
+    loaded = any(g["rolled_back"] and g["checkpoint_id"] == damaged
+                 and g["generation"] > fault["generation_before"] for g in generations)
+    if loaded and not fault["damage_detected"]:
+        return (f"fault {fault['number']} (checkpoint_corrupt): checkpoint {damaged} was "
+                "loaded and its damage never reported")
+    if not loaded:
+        fault["note"] = (f"checkpoint {damaged} was not loaded: a later one became durable "
+                         "before the kill")
+    return None
+
+
 def recovery(fault, records):
     """Seconds from the fault's reference time to the end of the next commit that shows the
     job past the fault: for a lost rank (RANK_FAULTS) a commit of a newer generation than the
-    one in force at injection, for the coordinator's faults any commit after the restarted
-    coordinator listened (fault["ref"]). None if no such commit exists."""
+    one in force at injection, for a pause (PAUSE_FAULTS) a commit of a window begun after it
+    ended, for the coordinator's other faults any commit after the restarted coordinator
+    listened (fault["ref"]). None if no such commit exists."""
     ref = fault.get("ref")
     if ref is None:
         return None
     newer_than = None
+    # A pause ends with the window that was in flight committing at once: only a window begun
+    # after it shows that the workers' own calls came back.
+    begun_after = fault["kind"] in PAUSE_FAULTS
     if fault["kind"] in RANK_FAULTS:
         ended_before = [r for r in records if r["end_time_ms"] / 1000.0 <= fault["inject"]]
         newer_than = int(ended_before[-1]["generation"]) if ended_before else 0
@@ -428,6 +459,8 @@ def recovery(fault, records):
         if t < ref:
             continue
         if newer_than is not None and int(r["generation"]) <= newer_than:
+            continue
+        if begun_after and t - float(r.get("window_seconds") or 0.0) < ref:
             continue
         return t - ref
     return None

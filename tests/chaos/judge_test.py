@@ -342,6 +342,14 @@ class RecoveryTest(unittest.TestCase):
         # The commit at 2.05 s was already under way: recovery is gen 2's first commit.
         self.assertAlmostEqual(judge.recovery(f, records), 9.0)
 
+    def test_a_pause_counts_the_first_window_begun_after_it(self):
+        # The window in flight commits the moment the coordinator runs again (t = 10.01);
+        # the next one, begun at 10.05, is the one that shows the loop came back.
+        records = [dict(commit(5, 1, 10010), window_seconds=6.0),
+                   dict(commit(6, 1, 10080), window_seconds=0.03)]
+        fault = {"kind": "coordinator_stop", "inject": 4.0, "ref": 10.0}
+        self.assertAlmostEqual(judge.recovery(fault, records), 0.08)
+
     def test_coordinator_fault_counts_from_listening(self):
         records = [commit(1, 1, 1000), commit(2, 1, 5300)]
         f = {"kind": "coordinator_kill", "inject": 2.0, "ref": 5.0}
@@ -353,6 +361,38 @@ class RecoveryTest(unittest.TestCase):
         self.assertIsNone(judge.percentile([], 50))
         self.assertEqual(judge.percentile([3, 1, 2], 50), 2)
         self.assertEqual(judge.percentile([1, 2, 3, 4], 100), 4)
+
+
+class StorageFaultTest(unittest.TestCase):
+    def corrupt(self):
+        return {"kind": "checkpoint_corrupt", "number": 4, "damaged_checkpoint_id": 7,
+                "generation_before": 2}
+
+    def test_a_damaged_checkpoint_loaded_must_be_reported(self):
+        gens = [gen(2, 1.0), gen(3, 5.0, rolled_back=True, ckpt=7),
+                gen(4, 6.0, rolled_back=True, ckpt=6)]
+        fault = self.corrupt()
+        said = ['{"msg":"job j generation 3 ended: checkpoint 7 is damaged: ckpt-7/model..."}']
+        self.assertIsNone(judge.storage_fault_problem(fault, gens, said))
+        self.assertTrue(fault["damage_detected"])
+        fault = self.corrupt()
+        self.assertIn("never reported", judge.storage_fault_problem(fault, gens, []))
+        # "checkpoint 17 is damaged" is not checkpoint 7's report.
+        fault = self.corrupt()
+        self.assertIn("never reported", judge.storage_fault_problem(
+            fault, gens, ["checkpoint 17 is damaged"]))
+
+    def test_a_damaged_checkpoint_never_loaded_is_a_note_not_a_failure(self):
+        gens = [gen(2, 1.0), gen(3, 5.0, rolled_back=True, ckpt=8)]
+        fault = self.corrupt()
+        self.assertIsNone(judge.storage_fault_problem(fault, gens, []))
+        self.assertIn("not loaded", fault["note"])
+
+    def test_a_full_checkpoint_disk_must_be_reported(self):
+        fault = {"kind": "checkpoint_full", "number": 2, "failure_reported": False}
+        self.assertIn("no failed checkpoint write", judge.storage_fault_problem(fault, [], []))
+        fault["failure_reported"] = True
+        self.assertIsNone(judge.storage_fault_problem(fault, [], []))
 
 
 class CampaignBoundsTest(unittest.TestCase):

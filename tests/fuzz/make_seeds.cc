@@ -290,6 +290,8 @@ void CheckpointMetaSeeds(const std::string& spec_hash) {
   m.cumulative_tokens = int64_t{1} << 60;  // Written as a decimal string.
   m.loss_scale = 0.1;
   Write("checkpoint_meta", "meta_big_ints.json", *ckpt::CheckpointMetaToJson(m));
+  m.file_xxh64 = {{"model.safetensors", 0x0123456789abcdefu}, {"optimizer.safetensors", 42}};
+  Write("checkpoint_meta", "meta_digests.json", *ckpt::CheckpointMetaToJson(m));
 }
 
 void SafetensorsSeeds() {

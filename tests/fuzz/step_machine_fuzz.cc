@@ -1,8 +1,9 @@
 // Fuzzes the coordinator's step machine (coordinator/step_machine.h) with a sequence of worker
 // calls parsed from the input (Register, Heartbeat, BeginWindow, CompleteWindow with or without
-// the next window's begin report riding on it, AckCheckpoint, ReportFailure, Tick, Cancel) against
-// a small job the input also picks. Fields are steered near the machine's current state
-// (generation, window, rank) so that the protocol is actually followed, and sometimes taken raw.
+// the next window's begin report riding on it, AckCheckpoint, ReportFailure (a checkpoint found
+// damaged among them), Tick, Cancel) against a small job the input also picks. Fields are
+// steered near the machine's current state (generation, window, rank) so that the protocol is
+// actually followed, and sometimes taken raw.
 // After every call it checks:
 //   * the ids never decrease, except all together through a journaled rollback, and the
 //     generation never decreases at all;
@@ -245,6 +246,12 @@ class Harness {
         req.set_job_id("job-1");
         req.set_worker_id(Worker());
         req.set_message(in_.String(16));
+        if (in_.Bool()) {
+          // A rank found a checkpoint damaged: mostly the one its generation loads.
+          req.set_damaged_checkpoint_id(
+              in_.Bool() ? machine_->Snapshot().generation().assignment().checkpoint_id()
+                         : in_.Range(-1, 8));
+        }
         (void)machine_->ReportFailure(req, now_);
         break;
       }

@@ -334,6 +334,81 @@ TEST_F(WorkerIntegrationTest, BadDataFailsJobWithFileAndLine) {
 namespace trainstep {
 namespace {
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The job of the restart tests: an mlp, two workers, a checkpoint every 40 updates.
+std::string ResumableSpec(const std::string& ckpt, int max_updates, int keep_last) {
+  return absl::StrCat(
+      R"({"seed":9,"model":{"mlp":{"hidden":32}},)",
+      R"("data":{"synthetic_regression":{"samples":64,"in_features":4},"shuffle":true},)",
+      R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
+      R"("optimizer":{"sgd":{"lr":0.02,"momentum":0.9}},"stop":{"max_updates":)", max_updates,
+      R"(},"checkpoint":{"dir":")", ckpt, R"(","every_updates":40,"keep_last":)", keep_last, "}}");
+}
+
+// The model weights of `ckpt`'s latest checkpoint, which must hold update `updates`.
+ckpt::TensorMap FinalWeights(const std::string& ckpt, int64_t updates) {
+  absl::StatusOr<std::optional<int64_t>> latest = ckpt::LatestCheckpoint(ckpt);
+  EXPECT_TRUE(latest.ok() && latest->has_value());
+  if (!latest.ok() || !latest->has_value()) return {};
+  absl::StatusOr<ckpt::LoadedCheckpoint> l = ckpt::ReadCheckpoint(ckpt, **latest);
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (!l.ok()) return {};
+  EXPECT_EQ(l->meta.optimizer_update_id, updates);
+  return l->model;
+}
+
+void ExpectSameWeights(const ckpt::TensorMap& a, const ckpt::TensorMap& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const double diff = at::sub(t, b.at(name)).abs().max().item().toDouble();
+    EXPECT_LE(diff, 1e-6 * std::max(1.0, t.abs().max().item().toDouble())) << name;
+  }
+}
+
+// Runs `spec` to its end with two fresh workers; false (with the logs) unless it SUCCEEDED.
+bool RunToTheEnd(ProcessCluster& cluster, const std::string& spec) {
+  absl::StatusOr<std::string> id = cluster.Submit(spec);
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return false;
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(cluster.StartWorker(*id).ok());
+  absl::StatusOr<v1::Job> done = cluster.WaitForJob(*id, absl::Seconds(120));
+  EXPECT_TRUE(done.ok() && done->state() == v1::SUCCEEDED) << cluster.Logs();
+  return done.ok() && done->state() == v1::SUCCEEDED;
+}
+
+// Kills `workers` once checkpoint `durable` or a later one is durable, well between two
+// checkpoints (every 40 updates) so that the rollback has windows to redo. Returns the job's
+// progress at the kill; its optimizer_update_id is 0 if the job ended first or time ran out.
+// Bounded by time, not by a count of polls: on a loaded machine the workers alone can take
+// longer to start than a fixed number of polls lasts.
+v1::JobProgress KillBetweenCheckpoints(ProcessCluster& cluster, const std::string& job_id,
+                                       const std::vector<pid_t>& workers, int64_t durable) {
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(300); absl::Now() < give_up;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::Job job;
+    if (cluster.jobs()->GetJob(&ctx, req, &job).ok()) {
+      if (IsTerminal(job.state())) break;
+      const v1::JobProgress& p = job.progress();
+      if (p.durable_checkpoint_id() >= durable && p.optimizer_update_id() % 40 >= 5 &&
+          p.optimizer_update_id() % 40 <= 30) {
+        for (pid_t w : workers) cluster.Kill(w);
+        return p;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return v1::JobProgress();
+}
+
 // Every worker dies mid-run: the coordinator rolls the job back to its latest durable
 // checkpoint (ids included), new workers restore it, and the final weights equal those of
 // an uninterrupted run. Catches: ids not rolled back, optimizer state not restored, windows
@@ -346,59 +421,18 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
       testing::ProcessCluster::Start(dir, /*worker_lease=*/absl::Seconds(1));
   ASSERT_TRUE(c.ok()) << c.status();
   testing::ProcessCluster& cluster = **c;
-  auto spec = [&](const std::string& ckpt) {
-    return absl::StrCat(
-        R"({"seed":9,"model":{"mlp":{"hidden":32}},)",
-        R"("data":{"synthetic_regression":{"samples":64,"in_features":4},"shuffle":true},)",
-        R"("batch":{"micro_batch_size":2,"accumulation_steps":2},"workers":{"count":2},)",
-        R"("optimizer":{"sgd":{"lr":0.02,"momentum":0.9}},"stop":{"max_updates":600},)",
-        R"("checkpoint":{"dir":")", ckpt, R"(","every_updates":40,"keep_last":0}})");
-  };
-  auto final_weights = [](const std::string& ckpt) {
-    absl::StatusOr<std::optional<int64_t>> latest = ckpt::LatestCheckpoint(ckpt);
-    EXPECT_TRUE(latest.ok() && latest->has_value());
-    absl::StatusOr<ckpt::LoadedCheckpoint> l = ckpt::ReadCheckpoint(ckpt, **latest);
-    EXPECT_TRUE(l.ok()) << l.status();
-    EXPECT_EQ(l->meta.optimizer_update_id, 600);
-    return l->model;
-  };
 
   // The uninterrupted run.
-  absl::StatusOr<std::string> a = cluster.Submit(spec(dir + "/ckpt-a"));
-  ASSERT_TRUE(a.ok());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster.StartWorker(*a).ok());
-  absl::StatusOr<v1::Job> done_a = cluster.WaitForJob(*a, absl::Seconds(120));
-  ASSERT_TRUE(done_a.ok() && done_a->state() == v1::SUCCEEDED) << cluster.Logs();
+  ASSERT_TRUE(RunToTheEnd(cluster, ResumableSpec(dir + "/ckpt-a", 600, 0)));
 
   // The same job; both workers are killed once a checkpoint past update 0 is durable.
-  absl::StatusOr<std::string> b = cluster.Submit(spec(dir + "/ckpt-b"));
+  absl::StatusOr<std::string> b = cluster.Submit(ResumableSpec(dir + "/ckpt-b", 600, 0));
   ASSERT_TRUE(b.ok());
   std::vector<pid_t> first;
   for (int i = 0; i < 2; ++i) first.push_back(*cluster.StartWorker(*b));
-  int64_t killed_at = -1;
-  // Bounded by time, not by a count of polls: on a loaded machine the workers alone can take
-  // longer to start than a fixed number of polls lasts. Stops if the job ends first.
-  bool ended = false;
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(300);
-       killed_at < 0 && !ended && absl::Now() < give_up;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::GetJobRequest req;
-    req.set_job_id(*b);
-    v1::Job job;
-    const bool got = cluster.jobs()->GetJob(&ctx, req, &job).ok();
-    ended = got && IsTerminal(job.state());
-    // Kill well between two checkpoints (every 40 updates), so the rollback has windows to redo.
-    if (got && job.progress().durable_checkpoint_id() >= 2 &&
-        job.progress().optimizer_update_id() % 40 >= 5 &&
-        job.progress().optimizer_update_id() % 40 <= 30) {
-      for (pid_t p : first) cluster.Kill(p);
-      killed_at = job.progress().optimizer_update_id();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_GT(killed_at, 0);
-  ASSERT_LT(killed_at, 600) << "the job ended before the workers could be killed";
+  const int64_t killed_at = KillBetweenCheckpoints(cluster, *b, first, 2).optimizer_update_id();
+  ASSERT_GT(killed_at, 0) << "the job ended, or no checkpoint came, before the workers could be "
+                             "killed";
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster.StartWorker(*b).ok());
   absl::StatusOr<v1::Job> done_b = cluster.WaitForJob(*b, absl::Seconds(120));
   ASSERT_TRUE(done_b.ok() && done_b->state() == v1::SUCCEEDED) << cluster.Logs();
@@ -414,24 +448,58 @@ TEST(WorkerRestartTest, AllWorkersLostResumesFromCheckpoint) {
   }
   EXPECT_TRUE(repeated) << "no window was retrained after the rollback";
 
-  const ckpt::TensorMap wa = final_weights(dir + "/ckpt-a");
-  const ckpt::TensorMap wb = final_weights(dir + "/ckpt-b");
-  ASSERT_EQ(wa.size(), wb.size());
-  for (const auto& [name, t] : wa) {
-    const double diff = at::sub(t, wb.at(name)).abs().max().item().toDouble();
-    EXPECT_LE(diff, 1e-6 * std::max(1.0, t.abs().max().item().toDouble())) << name;
-  }
+  ExpectSameWeights(FinalWeights(dir + "/ckpt-a", 600), FinalWeights(dir + "/ckpt-b", 600));
   if (!::testing::Test::HasFailure()) {
     c->reset();
     std::filesystem::remove_all(dir);
   }
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+// Every worker dies, and the checkpoint the job must roll back to is damaged on disk (a byte
+// of its weights flipped); with keep_last 1 the ones before it are gone too. Each is found at
+// load (a digest, a missing directory) and rolled back past, down to the initial weights, and
+// the job still ends with the weights of an uninterrupted run. Catches: a damaged checkpoint
+// loaded and trained on, a damaged or pruned one failing the job, one loaded again after it
+// was found damaged.
+TEST(WorkerRestartTest, DamagedAndPrunedCheckpointsAreRolledBackPast) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("trainstep-damaged-", getpid()))
+          .string();
+  absl::StatusOr<std::unique_ptr<testing::ProcessCluster>> c =
+      testing::ProcessCluster::Start(dir, /*worker_lease=*/absl::Seconds(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  testing::ProcessCluster& cluster = **c;
+  ASSERT_TRUE(RunToTheEnd(cluster, ResumableSpec(dir + "/ckpt-a", 200, 1)));
+
+  const std::string ckpt = dir + "/ckpt-b";
+  absl::StatusOr<std::string> b = cluster.Submit(ResumableSpec(ckpt, 200, 1));
+  ASSERT_TRUE(b.ok());
+  std::vector<pid_t> first;
+  for (int i = 0; i < 2; ++i) first.push_back(*cluster.StartWorker(*b));
+  const v1::JobProgress at_kill = KillBetweenCheckpoints(cluster, *b, first, 2);
+  ASSERT_GT(at_kill.optimizer_update_id(), 0)
+      << "the job ended, or no checkpoint came, before the workers could be killed";
+  const std::string model =
+      absl::StrCat(ckpt, "/ckpt-", at_kill.durable_checkpoint_id(), "/model.safetensors");
+  std::string bytes = ReadAll(model);
+  ASSERT_GT(bytes.size(), 16u) << model;
+  bytes[bytes.size() - 5] ^= 0x10;
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cluster.StartWorker(*b).ok());
+  absl::StatusOr<v1::Job> done_b = cluster.WaitForJob(*b, absl::Seconds(120));
+  ASSERT_TRUE(done_b.ok() && done_b->state() == v1::SUCCEEDED) << cluster.Logs();
+  // To the damaged checkpoint, past it to the pruned one before, ... down to the start.
+  EXPECT_GE(done_b->progress().rollbacks(), 2);
+  EXPECT_EQ(CountOf(ReadAll(dir + "/coordinator.log"),
+                    absl::StrCat("checkpoint ", at_kill.durable_checkpoint_id(), " is damaged")),
+            1)
+      << cluster.Logs();
+
+  ExpectSameWeights(FinalWeights(dir + "/ckpt-a", 200), FinalWeights(ckpt, 200));
+  if (!::testing::Test::HasFailure()) {
+    c->reset();
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // A port on 127.0.0.1 that is not a coordinator: it answers with random bytes, accepts

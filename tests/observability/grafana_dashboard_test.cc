@@ -209,7 +209,7 @@ TEST_F(GrafanaDashboardTest, EveryQueryNamesWhatTheServicesExport) {
 
   // The rules themselves only use exported series.
   const std::vector<std::string> rule_exprs = RuleExpressions(rules_yaml);
-  EXPECT_EQ(rule_exprs.size(), 8u);
+  EXPECT_EQ(rule_exprs.size(), 9u);
   for (const std::string& e : rule_exprs) CheckQuery(e, "rules.yml", with_up, recorded);
 
   EXPECT_EQ(Str(*dashboard, "uid"), "trainstep");

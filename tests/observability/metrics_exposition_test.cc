@@ -67,6 +67,7 @@ const std::vector<std::string> kCoordinatorSeries = {
     "trainstep_build_info",
     "trainstep_micro_step_id",
     "trainstep_dropped_samples_total",
+    "trainstep_checkpoints_damaged_total",
     "trainstep_update_interval_seconds_bucket",
     "trainstep_update_interval_seconds_count",
 };

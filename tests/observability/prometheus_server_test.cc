@@ -230,11 +230,11 @@ TEST_F(PrometheusServerTest, ReportsWhatThePerUpdateLogSays) {
       EXPECT_EQ(JsonPath(r, {"health"})->string_value(), "ok") << *rules;
     }
   }
-  EXPECT_EQ(rule_names,
-            (std::set<std::string>{"training_job:trainstep_optimizer_updates:rate5m",
-                                   "training_job:trainstep_windows_skipped:ratio_rate5m",
-                                   "TrainingStalled", "HighSkipRate", "TrainingStraggler",
-                                   "RankHung", "JournalUnwritable", "CoordinatorDown"}));
+  EXPECT_EQ(rule_names, (std::set<std::string>{
+                            "training_job:trainstep_optimizer_updates:rate5m",
+                            "training_job:trainstep_windows_skipped:ratio_rate5m",
+                            "TrainingStalled", "HighSkipRate", "TrainingStraggler", "RankHung",
+                            "JournalUnwritable", "CheckpointDamaged", "CoordinatorDown"}));
   for (const char* record : {"training_job:trainstep_optimizer_updates:rate5m",
                              "training_job:trainstep_windows_skipped:ratio_rate5m"}) {
     EXPECT_TRUE(WaitFor([&] { return QueryOne(port_, absl::StrCat(record, sel)).has_value(); },

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -12,9 +13,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/xxh64.h"
 
 namespace trainstep::ckpt {
 namespace {
@@ -109,6 +112,81 @@ absl::StatusOr<CheckpointMeta> ReadMeta(Env* env, const std::string& ckpt_path,
   return meta;
 }
 
+// The files of one checkpoint as they are written: each one's XXH64 over the bytes appended,
+// by name, for meta.json. Hashing what is written (not a read-back) costs no second pass.
+class DigestingEnv : public EnvWrapper {
+ public:
+  using EnvWrapper::EnvWrapper;
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, target()->NewWritableFile(path));
+    const size_t slash = path.rfind('/');
+    Xxh64* digest = &digests_.insert_or_assign(path.substr(slash + 1), Xxh64()).first->second;
+    return std::unique_ptr<WritableFile>(new DigestingFile(std::move(file), digest));
+  }
+
+  std::map<std::string, uint64_t> Digests() const {
+    std::map<std::string, uint64_t> out;
+    for (const auto& [name, h] : digests_) out.emplace(name, h.Digest());
+    return out;
+  }
+
+ private:
+  class DigestingFile : public WritableFile {
+   public:
+    DigestingFile(std::unique_ptr<WritableFile> file, Xxh64* digest)
+        : file_(std::move(file)), digest_(digest) {}
+    absl::Status Append(std::string_view data) override {
+      digest_->Update(data);
+      return file_->Append(data);
+    }
+    absl::Status Sync() override { return file_->Sync(); }
+    absl::Status Close() override { return file_->Close(); }
+
+   private:
+    std::unique_ptr<WritableFile> file_;
+    Xxh64* digest_;
+  };
+
+  std::map<std::string, Xxh64> digests_;
+};
+
+// DATA_LOSS naming the file unless every file with a digest in meta.json hashes to it. Streamed
+// in blocks outside `env`, as sharded weights are mapped: a shard of gigabytes is never held
+// whole in memory for it.
+absl::Status VerifyDigests(const std::string& ckpt_path, const CheckpointMeta& meta) {
+  std::vector<char> block(size_t{4} << 20);
+  for (const auto& [name, expected] : meta.file_xxh64) {
+    const std::string path = JoinPath(ckpt_path, name);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      return absl::DataLossError(
+          absl::StrCat(path, " is missing (meta.json lists it): the checkpoint is damaged"));
+    }
+    Xxh64 h;
+    while (in) {
+      in.read(block.data(), static_cast<std::streamsize>(block.size()));
+      h.Update(std::string_view(block.data(), static_cast<size_t>(in.gcount())));
+    }
+    if (in.bad()) return absl::DataLossError(absl::StrCat("reading ", path, " failed"));
+    if (h.Digest() != expected) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s is corrupt: its XXH64 is %016x, meta.json recorded %016x when it was written", path,
+          h.Digest(), expected));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Inside a checkpoint directory that exists, a file missing or not what was written is lost
+// data, not a caller's mistake.
+absl::Status AsDataLoss(const absl::Status& s) {
+  if (s.ok() || (s.code() != absl::StatusCode::kInvalidArgument && !absl::IsNotFound(s))) {
+    return s;
+  }
+  return absl::DataLossError(s.message());
+}
+
 // A sharded checkpoint has the index instead of model.safetensors.
 bool IsSharded(Env* env, const std::string& ckpt_path) {
   return !env->FileExists(JoinPath(ckpt_path, kModelFile)) &&
@@ -161,7 +239,8 @@ absl::StatusOr<TensorMap> ReadModel(Env* env, const std::string& ckpt_path) {
 
 // Everything ReadCheckpoint checks, without building tensors.
 absl::Status CheckComplete(Env* env, const std::string& ckpt_path, int64_t id) {
-  RETURN_IF_ERROR(ReadMeta(env, ckpt_path, id).status());
+  ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadMeta(env, ckpt_path, id));
+  RETURN_IF_ERROR(VerifyDigests(ckpt_path, meta));
   if (IsSharded(env, ckpt_path)) {
     RETURN_IF_ERROR(HfWeights::OpenTensors(ckpt_path, AllowedRoots(), "checkpoint").status());
   }
@@ -314,7 +393,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
     return absl::InvalidArgumentError(absl::StrCat("keep_last ", keep_last, " is negative"));
   }
   // Everything that can be rejected is rejected before the disk is touched.
-  ASSIGN_OR_RETURN(const std::string meta_json, CheckpointMetaToJson(meta));
+  RETURN_IF_ERROR(CheckpointMetaToJson(meta).status());
   for (const auto& [name, contents] : options.extra_files) {
     if (name.empty() || name[0] == '.' || absl::StrContains(name, '/') || name == kModelFile ||
         name == kOptimizerFile || name == kMetaFile || name == kHfIndexFile ||
@@ -337,13 +416,18 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   const auto write_all = [&]() -> absl::Status {
     // "format": "pt" tells Hugging Face tools these are PyTorch tensors.
     const Metadata file_metadata = {{"format", "pt"}};
-    RETURN_IF_ERROR(WriteModel(env, tmp, model, file_metadata, options.max_shard_bytes));
+    DigestingEnv files(env);
+    RETURN_IF_ERROR(WriteModel(&files, tmp, model, file_metadata, options.max_shard_bytes));
     RETURN_IF_ERROR(
-        WriteSafetensorsFile(JoinPath(tmp, kOptimizerFile), optimizer, file_metadata, env));
-    RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, kMetaFile), meta_json));
+        WriteSafetensorsFile(JoinPath(tmp, kOptimizerFile), optimizer, file_metadata, &files));
     for (const auto& [name, contents] : options.extra_files) {
-      RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, name), contents));
+      RETURN_IF_ERROR(WriteWholeFile(&files, JoinPath(tmp, name), contents));
     }
+    // Last, so that it can vouch for every other file.
+    CheckpointMeta with_digests = meta;
+    with_digests.file_xxh64 = files.Digests();
+    ASSIGN_OR_RETURN(const std::string meta_json, CheckpointMetaToJson(with_digests));
+    RETURN_IF_ERROR(WriteWholeFile(env, JoinPath(tmp, kMetaFile), meta_json));
     RETURN_IF_ERROR(env->SyncDir(tmp));
     return Publish(env, dir, tmp, final_path, aside);
   };
@@ -367,10 +451,20 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, int64_t 
   }
   LoadedCheckpoint out;
   out.path = JoinPath(dir, CheckpointDirName(checkpoint_id));
-  ASSIGN_OR_RETURN(out.meta, ReadMeta(env, out.path, checkpoint_id));
-  ASSIGN_OR_RETURN(out.model, ReadModel(env, out.path));
-  ASSIGN_OR_RETURN(out.optimizer,
-                   ReadSafetensorsFile(JoinPath(out.path, kOptimizerFile), nullptr, env));
+  if (!env->FileExists(out.path)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", out.path, " does not exist"));
+  }
+  absl::StatusOr<CheckpointMeta> meta = ReadMeta(env, out.path, checkpoint_id);
+  if (!meta.ok()) return AsDataLoss(meta.status());
+  out.meta = *std::move(meta);
+  RETURN_IF_ERROR(VerifyDigests(out.path, out.meta));
+  absl::StatusOr<TensorMap> model = ReadModel(env, out.path);
+  if (!model.ok()) return AsDataLoss(model.status());
+  out.model = *std::move(model);
+  absl::StatusOr<TensorMap> optimizer =
+      ReadSafetensorsFile(JoinPath(out.path, kOptimizerFile), nullptr, env);
+  if (!optimizer.ok()) return AsDataLoss(optimizer.status());
+  out.optimizer = *std::move(optimizer);
   return out;
 }
 

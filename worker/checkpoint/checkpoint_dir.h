@@ -52,7 +52,8 @@ struct WriteOptions {
   uint64_t max_shard_bytes = kHfDefaultMaxShardBytes;
 };
 
-// Writes dir/ckpt-<meta.checkpoint_id> as described above, options.extra_files included, creating
+// Writes dir/ckpt-<meta.checkpoint_id> as described above, options.extra_files included (meta.json
+// last, with the XXH64 of every other file in place of meta.file_xxh64), creating
 // `dir` if needed, and returns its path, after claiming `dir` for meta.job_id (ClaimCheckpointDir's
 // errors). An existing checkpoint of the same id is replaced: the new one is renamed in right after
 // the old one is renamed aside (the only moment neither is visible), and the old one is put back if
@@ -74,14 +75,16 @@ struct LoadedCheckpoint {
   std::string path;  // dir/ckpt-<id>
 };
 
-// NOT_FOUND if the checkpoint does not exist; INVALID_ARGUMENT (naming the file) if a file is
-// malformed or meta.json's checkpoint_id is not `checkpoint_id`. Sharded model weights are read
-// through their index (memory-mapped, outside `env`).
+// NOT_FOUND if the checkpoint does not exist. DATA_LOSS (naming the file) if it is damaged: a
+// file missing, malformed, or not hashing to the XXH64 meta.json recorded when it was written, or
+// meta.json's checkpoint_id not `checkpoint_id`. Sharded model weights are read through their
+// index (memory-mapped, outside `env`), and the digests are checked outside `env` too.
 absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& dir, int64_t checkpoint_id,
                                                 Env* env = Env::Default());
 
-// The highest id whose ckpt-<id> has all three files and they parse (meta.json naming the same
-// id); incomplete or corrupt ones are skipped with a warning, dot-named leftovers ignored.
+// The highest id whose ckpt-<id> has all three files, they parse (meta.json naming the same id)
+// and hash to meta.json's digests; incomplete or corrupt ones are skipped with a warning,
+// dot-named leftovers ignored.
 // nullopt if there is none or `dir` does not exist. Reads every file of the candidates it
 // checks in full.
 absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const std::string& dir,

@@ -8,8 +8,10 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/safetensors_format.h"
 #include "common/status_macros.h"
@@ -80,6 +82,32 @@ absl::StatusOr<int64_t> MetaInt(const google::protobuf::Struct& s, const char* n
   return MetaError(name, "is not an integer");
 }
 
+// A file of the checkpoint directory: a plain name, never a path or a dot-file.
+bool IsPlainFileName(absl::string_view name) {
+  return !name.empty() && name[0] != '.' && name.find('/') == absl::string_view::npos &&
+         internal::IsValidUtf8(name);
+}
+
+std::string HexDigest(uint64_t v) { return absl::StrFormat("%016x", v); }
+
+absl::StatusOr<std::map<std::string, uint64_t>> MetaDigests(const Value& v) {
+  if (v.kind_case() != Value::kStructValue) return MetaError("xxh64", "is not an object");
+  std::map<std::string, uint64_t> out;
+  for (const auto& [name, digest] : v.struct_value().fields()) {
+    uint64_t d = 0;
+    if (!IsPlainFileName(name)) {
+      return MetaError("xxh64", absl::StrCat("names \"", absl::CHexEscape(name),
+                                             "\", not a file of the checkpoint"));
+    }
+    if (digest.kind_case() != Value::kStringValue || digest.string_value().size() != 16 ||
+        !absl::SimpleHexAtoi(digest.string_value(), &d) || HexDigest(d) != digest.string_value()) {
+      return MetaError("xxh64", absl::StrCat("of ", name, " is not 16 lowercase hex digits"));
+    }
+    out.emplace(name, d);
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> MetaString(const google::protobuf::Struct& s, const char* name) {
   ASSIGN_OR_RETURN(const Value* v, MetaField(s, name));
   if (v->kind_case() != Value::kStringValue) return MetaError(name, "is not a string");
@@ -92,7 +120,8 @@ bool operator==(const CheckpointMeta& a, const CheckpointMeta& b) {
   const auto tie = [](const CheckpointMeta& m) {
     return std::tie(m.job_id, m.checkpoint_id, m.optimizer_update_id, m.scheduler_step, m.window_id,
                     m.epoch, m.cumulative_tokens, m.loss_scale, m.scaler_growth_tracker,
-                    m.spec_hash, m.next_window_id, m.written_unix_ms, m.eval_update_id);
+                    m.spec_hash, m.next_window_id, m.written_unix_ms, m.eval_update_id,
+                    m.file_xxh64);
   };
   // NaN evaluations compare equal: meta.json writes both as null.
   const bool same_eval = a.eval_loss.has_value() == b.eval_loss.has_value() &&
@@ -108,6 +137,15 @@ absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
   }
   if (!internal::IsValidUtf8(m.job_id)) return MetaError("job_id", "is not valid UTF-8");
   if (!internal::IsValidUtf8(m.spec_hash)) return MetaError("spec_hash", "is not valid UTF-8");
+  std::string digests;
+  for (const auto& [name, digest] : m.file_xxh64) {
+    if (!IsPlainFileName(name)) {
+      return MetaError("xxh64", absl::StrCat("names \"", absl::CHexEscape(name),
+                                             "\", not a file of the checkpoint"));
+    }
+    absl::StrAppend(&digests, digests.empty() ? "" : ",", "\n    ", JsonQuote(name), ": \"",
+                    HexDigest(digest), "\"");
+  }
   return absl::StrCat(
       "{\n", "  \"job_id\": ", JsonQuote(m.job_id), ",\n",
       "  \"checkpoint_id\": ", IntJson(m.checkpoint_id), ",\n",
@@ -125,12 +163,13 @@ absl::StatusOr<std::string> CheckpointMetaToJson(const CheckpointMeta& m) {
                                                                          : std::string("null"),
                                              ",\n  \"eval_update_id\": ", IntJson(m.eval_update_id))
                               : std::string(),
-      "\n", "}\n");
+      digests.empty() ? std::string() : absl::StrCat(",\n  \"xxh64\": {", digests, "\n  }"), "\n",
+      "}\n");
 }
 
 absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
   ASSIGN_OR_RETURN(const google::protobuf::Struct s,
-                   internal::ParseJsonObject(json, /*max_depth=*/1, "meta.json"));
+                   internal::ParseJsonObject(json, /*max_depth=*/2, "meta.json"));
   // Unknown keys are ignored, so a newer writer may add fields.
   CheckpointMeta m;
   ASSIGN_OR_RETURN(m.job_id, MetaString(s, "job_id"));
@@ -151,6 +190,10 @@ absl::StatusOr<CheckpointMeta> CheckpointMetaFromJson(absl::string_view json) {
       return MetaError("eval_loss", "is not a number or null");
     }
     ASSIGN_OR_RETURN(m.eval_update_id, MetaInt(s, "eval_update_id"));
+  }
+  // Optional: checkpoints written before digests existed are read without them.
+  if (auto it = s.fields().find("xxh64"); it != s.fields().end()) {
+    ASSIGN_OR_RETURN(m.file_xxh64, MetaDigests(it->second));
   }
   return m;
 }

@@ -5,6 +5,7 @@
 #define TRAINSTEP_WORKER_CHECKPOINT_CHECKPOINT_META_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -32,6 +33,10 @@ struct CheckpointMeta {
   // not finite) and "eval_update_id" in meta.json, both absent when there was none.
   std::optional<double> eval_loss;
   int64_t eval_update_id = 0;
+  // XXH64 of every other file of the checkpoint, by name ("xxh64" in meta.json, 16 hex digits
+  // each): a file damaged after its write (a bad disk, a torn copy) is found when it is read
+  // instead of training on silently. Empty in checkpoints written before it existed.
+  std::map<std::string, uint64_t> file_xxh64;
 
   friend bool operator==(const CheckpointMeta& a, const CheckpointMeta& b);
   friend bool operator!=(const CheckpointMeta& a, const CheckpointMeta& b) { return !(a == b); }

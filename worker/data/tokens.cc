@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/xxh64.h"
 #include "core/spec.h"
-#include "worker/data/xxh64.h"
 
 namespace trainstep::data {
 namespace {

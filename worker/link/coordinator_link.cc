@@ -304,4 +304,16 @@ void CoordinatorLink::ReportFailure(const absl::Status& status) {
   (void)client_->ReportFailure(req);
 }
 
+absl::Status CoordinatorLink::ReportDamagedCheckpoint(int64_t checkpoint_id,
+                                                      const absl::Status& why) {
+  LogError(absl::StrCat("checkpoint ", checkpoint_id, " cannot be loaded: ", why.message(),
+                        "; the job rolls back past it"));
+  v1::ReportFailureRequest req;
+  req.set_job_id(job_id_);
+  req.set_worker_id(worker_id());
+  req.set_message(std::string(why.message()));
+  req.set_damaged_checkpoint_id(checkpoint_id);
+  return client_->ReportFailure(req);
+}
+
 }  // namespace trainstep

@@ -118,6 +118,10 @@ class CoordinatorLink {
   absl::Status AwaitJobEnd(absl::Duration give_up);
   // Fails the job with this worker's message (best effort: the coordinator may be gone).
   void ReportFailure(const absl::Status& status);
+  // Tells the coordinator that checkpoint `checkpoint_id`, which this worker's generation loads,
+  // is damaged (`why`): the job rolls back past it. The coordinator's refusal or absence is
+  // returned; the worker rejoins either way, and a later generation that loads it reports again.
+  absl::Status ReportDamagedCheckpoint(int64_t checkpoint_id, const absl::Status& why);
 
  private:
   absl::Status RegisterAs(bool again);

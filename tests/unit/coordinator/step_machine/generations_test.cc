@@ -178,6 +178,59 @@ TEST(StepMachineTest, AllLostRollsBackToDurableCheckpoint) {
   EXPECT_GT(ck.checkpoint_id(), d5.checkpoint_id());  // checkpoint ids are never reused
 }
 
+// Catches: a checkpoint found damaged when a rolled-back generation loads it failing the job,
+// or being loaded again, instead of the job rolling back past it to the one before; a second
+// rank's report of it ending the next generation too; the damage lost across a restart.
+TEST(StepMachineTest, ACheckpointFoundDamagedAtLoadIsRolledBackPast) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 3))));
+  const std::vector<std::string> g1 = sim.Start(2);
+  sim.RunWindow();
+  const v1::WindowDecision d2 = sim.RunWindow();
+  ASSERT_TRUE(sim.Ack(d2.checkpoint_id(), 2).ok());
+  sim.RunWindow();
+  const v1::WindowDecision d4 = sim.RunWindow();
+  ASSERT_TRUE(d4.write_checkpoint());
+  ASSERT_TRUE(sim.Ack(d4.checkpoint_id(), 4).ok());
+  sim.RunWindow();
+  sim.Lose(g1);
+  const std::vector<std::string> g2 = sim.Start(2);
+  ASSERT_EQ(sim.progress().optimizer_update_id(), 4);  // rolled back to the later checkpoint
+  const int64_t generation = sim.generation();
+
+  v1::ReportFailureRequest report;
+  report.set_job_id(sim.job_id());
+  report.set_worker_id(g2[1]);
+  report.set_message("ckpt-2/model.safetensors is corrupt");
+  report.set_damaged_checkpoint_id(d4.checkpoint_id());
+  const size_t before = sim.records().size();
+  ASSERT_TRUE(sim.machine().ReportFailure(report, sim.now()).ok());
+  sim.Drain();
+  EXPECT_EQ(sim.state(), v1::RUNNING);
+  ASSERT_TRUE(sim.records().back().has_generation_ended());
+  EXPECT_THAT(sim.records().back().generation_ended().reason(),
+              HasSubstr("is damaged: ckpt-2/model.safetensors is corrupt"));
+  EXPECT_EQ(sim.progress().durable_checkpoint_id(), d2.checkpoint_id());
+  report.set_worker_id(g2[0]);  // the other rank found it too, after the generation ended
+  EXPECT_EQ(CodeOf(sim.machine().ReportFailure(report, sim.now())),
+            absl::StatusCode::kFailedPrecondition);
+  report.set_damaged_checkpoint_id(d2.checkpoint_id());  // not what any generation loads
+  EXPECT_EQ(CodeOf(sim.machine().ReportFailure(report, sim.now())),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A restart keeps the mark: the next generation must not load the damaged one again.
+  sim.registry().Restore(sim.registry().Snapshot(), sim.now());
+  for (const std::string& id : g2) ASSERT_TRUE(sim.HeartbeatAs(id, 0, generation).ok());
+  sim.Tick();
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_TRUE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::CHECKPOINT);
+  EXPECT_EQ(formed[0].assignment().checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 2);
+  EXPECT_EQ(sim.progress().rollbacks(), 2);
+  EXPECT_EQ(sim.RunWindow().optimizer_update_id(), 3);
+}
+
 // The rule: while a replica that holds the current update may be alive, the job never
 // rolls back — also right after a coordinator restart, when nobody has said yet what it holds.
 // Catches: a restarted coordinator rolling back to the last durable checkpoint because a worker
@@ -660,7 +713,9 @@ TEST(StepMachineTest, AWorkerFaultyMaxSuspectTimesIsDrainedForAStandby) {
     std::vector<RankReport> first = Checksummed();
     first[1].loss_sum = std::numeric_limits<double>::quiet_NaN();
     EXPECT_EQ(sim.CompleteWithRerun(window, first, Checksummed()).outcome(), v1::COMMIT);
-    if (window == 1) EXPECT_EQ(sim.Ranks(), ranks) << "drained after one fault of two";
+    if (window == 1) {
+      EXPECT_EQ(sim.Ranks(), ranks) << "drained after one fault of two";
+    }
   }
   const std::vector<v1::WorkerInfo> workers = sim.machine().Workers();
   const v1::WorkerInfo* drained = InfoOf(workers, ranks[1]);

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/env.h"
+#include "common/xxh64.h"
 #include "tests/unit/worker/checkpoint/fixtures.h"
 
 namespace trainstep::ckpt {
@@ -104,9 +105,46 @@ TEST_F(CheckpointDirTest, WriteReadRoundTrip) {
   absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 3);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->path, path);
-  EXPECT_TRUE(loaded->meta == MetaFor(3));
+  CheckpointMeta expected = MetaFor(3);
+  expected.file_xxh64 = {
+      {"model.safetensors", Xxh64Of(ReadText(path + "/model.safetensors"))},
+      {"optimizer.safetensors", Xxh64Of(ReadText(path + "/optimizer.safetensors"))}};
+  EXPECT_TRUE(loaded->meta == expected);
   ExpectSame(loaded->model, Model(1.5f));
   ExpectSame(loaded->optimizer, Optimizer(1.5f));
+}
+
+// Catches a checkpoint damaged after its write (a flipped bit on disk, a torn copy) being loaded
+// and trained on: every file's digest is in meta.json, and a read checks them all.
+TEST_F(CheckpointDirTest, AFileDamagedAfterItsWriteIsDataLossNamingIt) {
+  Write(2, 1.0f);
+  const std::string path = Write(3, 1.5f);
+  const std::string model = path + "/model.safetensors";
+  std::string bytes = ReadText(model);
+  bytes[bytes.size() - 3] ^= 0x10;  // inside the last tensor's data: the header still parses
+  WriteText(model, bytes);
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 3);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(loaded.status().message(), HasSubstr(model + " is corrupt"));
+  EXPECT_EQ(LatestCheckpoint(dir_).value(), std::optional<int64_t>(2));
+
+  fs::remove(model);
+  EXPECT_EQ(ReadCheckpoint(dir_, 3).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadCheckpoint(dir_, 9).status().code(), absl::StatusCode::kNotFound);  // never was
+}
+
+// Catches checkpoints written before digests existed becoming unreadable.
+TEST_F(CheckpointDirTest, ACheckpointWithoutDigestsIsReadAsBefore) {
+  const std::string path = Write(3, 1.5f);
+  std::string meta = ReadText(path + "/meta.json");
+  const size_t from = meta.find(",\n  \"xxh64\"");
+  ASSERT_NE(from, std::string::npos) << meta;
+  meta = meta.substr(0, from) + "\n}\n";
+  WriteText(path + "/meta.json", meta);
+  absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(dir_, 3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status() << meta;
+  EXPECT_TRUE(loaded->meta == MetaFor(3));
+  ExpectSame(loaded->model, Model(1.5f));
 }
 
 // Catches a model's own files (a Hugging Face config.json) missing from its checkpoints, or an
@@ -155,6 +193,9 @@ TEST_F(CheckpointDirTest, ModelAboveTheShardSizeIsShardedWithAnIndex) {
   ExpectSame(loaded->model, Model(2.5f));
   ExpectSame(loaded->optimizer, Optimizer(2.5f));
   EXPECT_EQ(LatestCheckpoint(dir_).value(), std::optional<int64_t>(6));
+  EXPECT_EQ(loaded->meta.file_xxh64.size(), 4u);  // both shards, the index, the optimizer
+  EXPECT_EQ(loaded->meta.file_xxh64.at("model.safetensors.index.json"),
+            Xxh64Of(ReadText(*path + "/model.safetensors.index.json")));
 
   Write(3, 1.0f);  // unsharded, older
   fs::remove(*path + "/model-00002-of-00002.safetensors");
@@ -171,10 +212,11 @@ TEST_F(CheckpointDirTest, MetaJsonIsReadablePrettyJsonWithAllFields) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text, &json).ok()) << text;
   std::set<std::string> keys;
   for (const auto& [key, unused] : json.fields()) keys.insert(key);
-  EXPECT_THAT(keys, UnorderedElementsAre("job_id", "checkpoint_id", "optimizer_update_id",
-                                         "scheduler_step", "window_id", "epoch",
-                                         "cumulative_tokens", "loss_scale", "scaler_growth_tracker",
-                                         "spec_hash", "next_window_id", "written_unix_ms"));
+  EXPECT_THAT(
+      keys, UnorderedElementsAre("job_id", "checkpoint_id", "optimizer_update_id", "scheduler_step",
+                                 "window_id", "epoch", "cumulative_tokens", "loss_scale",
+                                 "scaler_growth_tracker", "spec_hash", "next_window_id",
+                                 "written_unix_ms", "xxh64"));
   EXPECT_EQ(json.fields().at("job_id").string_value(), "job-\"7\"");
   EXPECT_EQ(json.fields().at("checkpoint_id").number_value(), 3);
   EXPECT_EQ(json.fields().at("written_unix_ms").number_value(), 1732881600123.0);
@@ -230,8 +272,8 @@ TEST_F(CheckpointDirTest, LatestCheckpointSkipsIncompleteAndTemporary) {
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, std::optional<int64_t>(2));
   EXPECT_THAT(ReadCheckpoint(dir_, 4).status().message(), HasSubstr("checkpoint_id is 2, not 4"));
-  EXPECT_EQ(ReadCheckpoint(dir_, 5).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReadCheckpoint(dir_, 6).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadCheckpoint(dir_, 5).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadCheckpoint(dir_, 6).status().code(), absl::StatusCode::kDataLoss);
 }
 
 // Catches an error (instead of "none") for an empty or not-yet-created directory.

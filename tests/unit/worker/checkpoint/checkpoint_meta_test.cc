@@ -70,6 +70,34 @@ TEST(CheckpointMetaTest, EvalLossRoundTripsAndIsAbsentWithoutEval) {
   EXPECT_TRUE(*back == m);
 }
 
+// Catches file digests lost, rounded through double, or accepted when they could name a path
+// outside the checkpoint or are not the 16 hex digits the writer writes.
+TEST(CheckpointMetaTest, FileDigestsRoundTripAndBadOnesNameTheField) {
+  CheckpointMeta m = MetaFor(5);
+  EXPECT_THAT(*CheckpointMetaToJson(m), Not(HasSubstr("xxh64")));
+  m.file_xxh64 = {{"model.safetensors", 0xfedcba9876543210u}, {"optimizer.safetensors", 1}};
+  const std::string json = *CheckpointMetaToJson(m);
+  EXPECT_THAT(json, HasSubstr("\"model.safetensors\": \"fedcba9876543210\""));
+  EXPECT_THAT(json, HasSubstr("\"optimizer.safetensors\": \"0000000000000001\""));
+  absl::StatusOr<CheckpointMeta> back = CheckpointMetaFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status() << json;
+  EXPECT_TRUE(*back == m);
+
+  for (const std::string& bad : {std::string("\"FEDCBA9876543210\""), std::string("\"fedcba98\""),
+                                 std::string("12"), std::string("\"fedcba987654321g\"")}) {
+    std::string s = json;
+    s.replace(s.find("\"fedcba9876543210\""), 18, bad);
+    absl::StatusOr<CheckpointMeta> refused = CheckpointMetaFromJson(s);
+    EXPECT_THAT(refused.status().message(), HasSubstr("\"xxh64\" of model.safetensors")) << bad;
+  }
+  std::string escape = json;
+  escape.replace(escape.find("\"optimizer.safetensors\""), 23, "\"../x\"");
+  EXPECT_THAT(CheckpointMetaFromJson(escape).status().message(),
+              HasSubstr("not a file of the checkpoint"));
+  m.file_xxh64 = {{"../x", 1}};
+  EXPECT_EQ(CheckpointMetaToJson(m).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Catches a meta.json parser that accepts wrong types or missing fields silently.
 TEST(CheckpointMetaTest, MalformedMetaJsonNamesTheField) {
   const std::string good = *CheckpointMetaToJson(MetaFor(2));
@@ -90,7 +118,7 @@ TEST(CheckpointMetaTest, MalformedMetaJsonNamesTheField) {
       {replace("\"epoch\": 4,", ""), "\"epoch\" is missing"},
       {replace("\"job_id\": \"job-\\\"7\\\"\"", "\"job_id\": 7"), "\"job_id\" is not a string"},
       {replace("\"loss_scale\": 0.1", "\"loss_scale\": \"0.1\""), "\"loss_scale\" is not a number"},
-      {"{\"job_id\": " + std::string(10000, '[') + "}", "nests deeper than 1"},
+      {"{\"job_id\": " + std::string(10000, '[') + "}", "nests deeper than 2"},
       {"not json", "not valid JSON"},
   };
   for (const Case& c : cases) {

@@ -1,4 +1,4 @@
-#include "worker/data/xxh64.h"
+#include "common/xxh64.h"
 
 #include <algorithm>
 #include <cstring>

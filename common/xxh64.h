@@ -1,8 +1,9 @@
 // XXH64 (xxHash, 64 bits; https://github.com/Cyan4973/xxHash/blob/dev/doc/xxhash_spec.md):
 // a non-cryptographic hash at memory speed, for fingerprinting large files (token datasets)
-// where byte-wise FNV-1a costs 15× more (BENCHMARKS.md). Same values as `xxhsum -H1`.
-#ifndef TRAINSTEP_WORKER_DATA_XXH64_H_
-#define TRAINSTEP_WORKER_DATA_XXH64_H_
+// and checkpoint files, where byte-wise FNV-1a costs 15× more (BENCHMARKS.md). Same values as
+// `xxhsum -H1`.
+#ifndef TRAINSTEP_COMMON_XXH64_H_
+#define TRAINSTEP_COMMON_XXH64_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -34,4 +35,4 @@ inline uint64_t Xxh64Of(std::string_view data, uint64_t seed = 0) {
 
 }  // namespace trainstep
 
-#endif  // TRAINSTEP_WORKER_DATA_XXH64_H_
+#endif  // TRAINSTEP_COMMON_XXH64_H_
