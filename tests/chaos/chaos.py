@@ -688,9 +688,8 @@ class Campaign:
                  "update_before": p0.get("optimizer_update_id", 0), "spare_wait_s": spare_wait}
         timeout = max(60.0, self.lease_s * 4 + 30)
         fault["wait_s"] = timeout
-        # A fault that costs a rank is past once a newer generation commits; the others (the
-        # coordinator's, a flip, a full checkpoint disk) once anything commits.
-        rank_fault = kind not in COORDINATOR_FAULTS + ("grad_flip", "checkpoint_full")
+        import judge
+        rank_fault = kind in judge.RANK_FAULTS  # the judge's rule, so both count alike
         if kind == "grad_flip":
             victim = self._victim(cluster)
             worker_id = cluster.worker_id(victim) if victim is not None else None

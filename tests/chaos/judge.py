@@ -23,8 +23,10 @@ _DTYPES = {
 # Fault kinds whose recovery needs a new generation (a rank is gone); the others (the
 # coordinator's) need only a commit after the restarted coordinator listens.
 PAUSE_FAULTS = ("coordinator_stop",)
+# Faults that cost a rank: past them once a newer generation commits (a hung rank is fenced
+# like a lost one). The others are past once anything commits.
 RANK_FAULTS = ("worker_kill", "worker_stop", "checkpoint_kill", "worker_retire", "partition",
-               "restart_gap_kill", "all_ranks_kill", "checkpoint_corrupt")
+               "restart_gap_kill", "all_ranks_kill", "checkpoint_corrupt", "hang")
 
 
 def read_safetensors(path):

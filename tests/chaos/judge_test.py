@@ -342,6 +342,13 @@ class RecoveryTest(unittest.TestCase):
         # The commit at 2.05 s was already under way: recovery is gen 2's first commit.
         self.assertAlmostEqual(judge.recovery(f, records), 9.0)
 
+    def test_a_hang_counts_the_generation_that_fenced_the_rank(self):
+        # The window in flight when the rank was held commits at once in the old generation;
+        # the recovery is the first commit after the job re-formed without it.
+        records = [commit(4, 1, 9990), commit(5, 1, 10020), commit(6, 2, 16000)]
+        fault = {"kind": "hang", "inject": 10.0, "ref": 10.0}
+        self.assertAlmostEqual(judge.recovery(fault, records), 6.0)
+
     def test_a_pause_counts_the_first_window_begun_after_it(self):
         # The window in flight commits the moment the coordinator runs again (t = 10.01);
         # the next one, begun at 10.05, is the one that shows the loop came back.
