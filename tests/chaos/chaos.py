@@ -1036,7 +1036,8 @@ class Campaign:
                                 "decisions until the journal could be written")
             if f["kind"] == "grad_flip":
                 f["attributed_to"] = judge.flip_attribution(f, records)
-                f["attributed"] = f["attributed_to"] == f["victim_worker_id"]
+                f["attributed"] = judge.flip_attributed(
+                    f, victim_registrations(cluster.dir, f["victim"]))
                 if not f["attributed"]:
                     problems.append(
                         f"fault {f['number']} (grad_flip on {f['victim_worker_id']}): the next "
@@ -1179,6 +1180,33 @@ def write_summary(out, summary, quiet=False):
         print(table, flush=True)
 
 
+def victim_registrations(job_dir, victim):
+    """The worker ids process `victim` of the job in `job_dir` registered as (its log)."""
+    import judge
+    try:
+        with open(os.path.join(job_dir, "logs", f"worker-{victim}.log"), errors="replace") as fh:
+            return judge.registered_worker_ids(fh)
+    except OSError:
+        return []
+
+
+def rejudge_flips(out, faults, jobs):
+    """Judges each grad_flip's attribution again from its victim's log, clearing a failure
+    of a campaign judged before a process's later ids counted (a flip consumed after the
+    process rejoined under a new id)."""
+    import judge
+    for f in faults:
+        if f["kind"] != "grad_flip" or f.get("attributed"):
+            continue
+        job = jobs[f["job"]]
+        if judge.flip_attributed(f, victim_registrations(
+                os.path.join(out, "jobs", f"{f['job']:03d}"), f["victim"])):
+            f["attributed"] = True
+            stale = f"fault {f['number']} (grad_flip"
+            job["problems"] = [p for p in job["problems"] if not p.startswith(stale)]
+            job["pass"] = not job["problems"]
+
+
 def resummarize(out, enforce_bounds):
     """Judges a finished campaign in `out` again from its faults.jsonl and jobs.jsonl (the
     measurements unchanged) under this tool's bounds; rewrites its summary files."""
@@ -1191,9 +1219,12 @@ def resummarize(out, enforce_bounds):
     if [j["job"] for j in jobs] != list(range(len(jobs))):
         raise ValueError(f"{out}/jobs.jsonl: job numbers are not 0..{len(jobs) - 1}")
     enforce = enforce_bounds or summary.get("enforce_bounds", False)
+    faults = load("faults.jsonl")
+    rejudge_flips(out, faults, jobs)
     per_kind, failures, bounds_failed = judge_campaign(
-        load("faults.jsonl"), jobs, list(summary["per_kind"]), summary["lease_s"], enforce)
+        faults, jobs, list(summary["per_kind"]), summary["lease_s"], enforce)
     summary.update({"per_kind": per_kind, "failures": failures, "bounds_exceeded": bounds_failed,
+                    "jobs_passed": sum(1 for j in jobs if j["pass"]),
                     "enforce_bounds": enforce, "pass": not failures and bool(jobs)})
     write_summary(out, summary)
     return summary

@@ -382,8 +382,12 @@ class Cluster:
         return out
 
     def worker_id(self, proc):
-        """The worker id `proc` registered as (ListWorkers by name), or None."""
-        return next((w.worker_id for w in self._workers() if w.name == proc.name), None)
+        """The worker id `proc` holds now (ListWorkers by name: its latest registration, the
+        earlier ones LOST when it rejoined), or None."""
+        from trainstep.v1 import types_pb2
+        mine = [w for w in self._workers() if w.name == proc.name]
+        live = [w for w in mine if w.state != types_pb2.LOST]
+        return (live or mine)[-1].worker_id if mine else None
 
     # ------------------------------------------------------------------------------------
     # Faults

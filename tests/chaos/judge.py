@@ -414,6 +414,25 @@ def flip_attribution(fault, records):
     return None
 
 
+# A worker's log line on each registration (worker/link/coordinator_link.cc), text or JSON.
+_REGISTERED = re.compile(r"registered(?: again)? as (\S+) of ")
+
+
+def registered_worker_ids(log_lines):
+    """Every worker id a worker process registered as, in order. One process holds several
+    when the coordinator declared it lost (fenced as hung, paused past its lease) and it
+    registered again to rejoin."""
+    return [m.group(1) for line in log_lines for m in [_REGISTERED.search(line)] if m]
+
+
+def flip_attributed(fault, victim_ids):
+    """Whether a grad_flip's re-run named the process it was injected into: the id it had
+    when armed, or any id it registered as (a flip armed before the process rejoined under a
+    new id is consumed under that id)."""
+    named = fault.get("attributed_to")
+    return named is not None and (named == fault.get("victim_worker_id") or named in victim_ids)
+
+
 def storage_fault_problem(fault, generations, coordinator_lines):
     """What a checkpoint fault got wrong (a sentence), or None; notes what it did not test.
     checkpoint_full: a failed write must have been counted while the disk was full.

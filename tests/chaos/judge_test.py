@@ -333,6 +333,21 @@ class FlipAttributionTest(unittest.TestCase):
         records = [self.rerun(1, 900, "transient", "w-1"), commit(2, 1, 1500)]
         self.assertIsNone(judge.flip_attribution({"kind": "grad_flip", "inject": 1.0}, records))
 
+    def test_a_victim_that_registered_again_is_named_by_its_new_id(self):
+        # Its process was fenced as hung and rejoined as w-5; the flip armed for the slot was
+        # consumed under w-5. Another process's id is still a misattribution.
+        log = ['{"level":"INFO","msg":"registered as w-3 of job-1 (chaos)"}',
+               '{"level":"WARN","msg":"worker w-3 of job-1 was declared lost: register again"}',
+               "I registered again as w-5 of job-1 (chaos)"]
+        ids = judge.registered_worker_ids(log)
+        self.assertEqual(ids, ["w-3", "w-5"])
+        flip = {"victim_worker_id": "w-3", "attributed_to": "w-5"}
+        self.assertTrue(judge.flip_attributed(flip, ids))
+        self.assertFalse(judge.flip_attributed(dict(flip, attributed_to="w-4"), ids))
+        self.assertFalse(judge.flip_attributed(dict(flip, attributed_to=None), ids))
+        self.assertTrue(judge.flip_attributed({"victim_worker_id": "w-3",
+                                               "attributed_to": "w-3"}, []))
+
 
 class RecoveryTest(unittest.TestCase):
     def test_rank_fault_needs_a_newer_generation(self):
