@@ -84,6 +84,12 @@ void Membership::FormGeneration(const v1::GenerationFormed& formed) {
     e->info.set_rank(static_cast<int32_t>(rank));
     e->info.set_generation(generation_);
     e->idle_after_generation = -1;  // a member syncs, then applies decisions
+    // A replica past the generation's starting state is one a rollback discarded: until the
+    // member syncs and says so, it holds nothing of this timeline (a sync that fails leaves it
+    // as it was, and it must not seed the next generation as if it held the job's update).
+    if (e->applied_update_id > formed.assignment().optimizer_update_id()) {
+      e->applied_update_id = -1;
+    }
   }
 }
 
@@ -94,7 +100,8 @@ bool Membership::Renew(const std::string& worker_id, absl::Time now, absl::Time 
   e->lease_expiry =
       e->restored_unattached ? std::min(lease_expiry, now + reconnect_grace_) : lease_expiry;
   e->info.set_last_heartbeat_ms(absl::ToUnixMillis(now));
-  // Reports can arrive out of order; a replica never goes back (a rollback takes new workers).
+  // Reports can arrive out of order; a replica never goes back within a timeline (members of a
+  // generation that rolls back are reset when it forms, FormGeneration).
   e->applied_update_id = std::max(e->applied_update_id, applied_update_id);
   e->detached = false;  // it speaks: alive, whatever happened to its stream
   // A heartbeat sent before the worker joined the current generation says nothing of it.

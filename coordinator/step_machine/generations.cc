@@ -179,7 +179,7 @@ void StepMachine::MaybeFormGeneration(absl::Time now) {
   bool unsettled = detached_survivor;  // a survivor that may still come to hold the update
   for (const std::string& id : survivors) {
     const WorkerEntry* w = membership_.Find(id);
-    const bool holds = w->applied_update_id >= update_id_;
+    const bool holds = w->applied_update_id == update_id_;
     (holds ? holders : others).push_back(id);
     unsettled |= !holds && w->idle_after_generation < membership_.generation();
   }

@@ -100,7 +100,11 @@ absl::StatusOr<v1::HeartbeatResponse> StepMachine::Heartbeat(const v1::Heartbeat
   RETURN_IF_ERROR(ValidateHeartbeat(req));
   if (Drained(req.worker_id())) return HeartbeatAnswer(req.worker_id());  // it exits
   ASSIGN_OR_RETURN(const WorkerEntry* w, FindLive(req.worker_id()));
-  membership_.Renew(req.worker_id(), now, now + options_.worker_lease, req.applied_update_id(),
+  // No replica of the job's timeline is past its latest committed update: a higher one is a
+  // replica that a rollback left behind (its process outlived its rank, and its state was
+  // discarded), which says nothing of what the worker holds of this timeline.
+  const int64_t applied = req.applied_update_id() <= update_id_ ? req.applied_update_id() : -1;
+  membership_.Renew(req.worker_id(), now, now + options_.worker_lease, applied,
                     req.has_idle_after_generation() ? req.idle_after_generation() : -1);
   NotePhase(req, now);
   if (!terminal() && req.has_dataset() && !w->dataset_accepted) {

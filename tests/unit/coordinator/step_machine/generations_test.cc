@@ -231,6 +231,51 @@ TEST(StepMachineTest, ACheckpointFoundDamagedAtLoadIsRolledBackPast) {
   EXPECT_EQ(sim.RunWindow().optimizer_update_id(), 3);
 }
 
+// A process outlives its rank (fenced as hung, or paused past its lease) and rejoins under a new
+// id with its replica where it stopped; a rollback then discards that state, and the checkpoint
+// it rolls back to turns out damaged. Catches: the coordinator taking that replica, ahead of the
+// rolled-back job, for one that holds the job's update (applied ≥ current), and seeding the next
+// generation from it: the job then trains on from the wrong weights (a mixed chaos campaign's
+// final weights differed from the fault-free run after a hang and a damaged checkpoint).
+TEST(StepMachineTest, AReplicaThatARollbackLeftBehindNeverSeedsTheJob) {
+  SimulatedRanks sim(ResolvedSpec(WithCheckpoints(2, Fp16(1024, 3))));
+  const std::vector<std::string> g1 = sim.Start(2);
+  sim.RunWindow();
+  const v1::WindowDecision d2 = sim.RunWindow();
+  ASSERT_TRUE(sim.Ack(d2.checkpoint_id(), 2).ok());
+  sim.RunWindow();
+  const v1::WindowDecision d4 = sim.RunWindow();
+  ASSERT_TRUE(sim.Ack(d4.checkpoint_id(), 4).ok());
+  ASSERT_EQ(sim.RunWindow().optimizer_update_id(), 5);
+  // Rank 0's process, its replica at update 5, rejoins under a new id; a fresh worker joins.
+  const std::string left_behind = sim.AddWorker();
+  ASSERT_TRUE(sim.HeartbeatAs(left_behind, 5, /*idle_after=*/sim.generation()).ok());
+  const std::string fresh = sim.AddWorker();
+  ASSERT_TRUE(sim.HeartbeatAs(fresh, 0, /*idle_after=*/0).ok());
+  sim.Lose(g1);  // no rank of the job's generation is left: roll back to update 4
+  ASSERT_EQ(sim.progress().optimizer_update_id(), 4);
+  const int64_t generation = sim.generation();
+  const size_t before = sim.records().size();
+
+  // Its load of checkpoint 2 fails: the left-behind replica is still at update 5.
+  v1::ReportFailureRequest report;
+  report.set_job_id(sim.job_id());
+  report.set_worker_id(left_behind);
+  report.set_message("ckpt-2/model.safetensors is corrupt");
+  report.set_damaged_checkpoint_id(d4.checkpoint_id());
+  ASSERT_TRUE(sim.machine().ReportFailure(report, sim.now()).ok());
+  sim.Drain();
+  ASSERT_TRUE(sim.HeartbeatAs(left_behind, 5, generation).ok());
+  ASSERT_TRUE(sim.HeartbeatAs(fresh, 0, generation).ok());
+  sim.Tick();
+  const std::vector<v1::GenerationFormed> formed = sim.FormedSince(before);
+  ASSERT_EQ(formed.size(), 1u);
+  EXPECT_TRUE(formed[0].rolled_back());
+  EXPECT_EQ(formed[0].assignment().state_source(), v1::Assignment::CHECKPOINT);
+  EXPECT_EQ(formed[0].assignment().checkpoint_id(), d2.checkpoint_id());
+  EXPECT_EQ(formed[0].assignment().optimizer_update_id(), 2);
+}
+
 // The rule: while a replica that holds the current update may be alive, the job never
 // rolls back — also right after a coordinator restart, when nobody has said yet what it holds.
 // Catches: a restarted coordinator rolling back to the last durable checkpoint because a worker
